@@ -1,0 +1,53 @@
+"""The typed root `Config`: one field per config group plus the run-level keys.
+
+`run.py` composes YAML with Hydra and converts it into this dataclass; everything below
+`locoexp.main` receives only the sub-config or runtime object it needs. Cross-group invariants
+(placement vs split, batch vs hosts) are checked here, so a bad run fails before anything is
+allocated or written.
+"""
+
+import dataclasses
+
+from locoexp.algo.config import AlgoConfig
+from locoexp.dataset.config import DatasetConfig
+from locoexp.errors import require
+from locoexp.hardware.config import HardwareConfig
+from locoexp.metrics.config import LoggerConfig
+from locoexp.model.config import ModelConfig
+from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
+from locoexp.rollout.config import RolloutConfig
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
+    hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
+    placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
+    opt: OptConfig = dataclasses.field(default_factory=OptConfig)
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
+    split: float | None = None
+    seed: int = 0  # model init and sampling
+    steps: int = 120  # optimizer updates (one per batch)
+    eval_every_steps: int = 0  # held-out evaluation period; 0 = only after the last step
+    dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
+
+    def __post_init__(self):
+        require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
+        require(self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0.")
+        if self.placement.kind is not PlacementKind.da:
+            require(
+                self.split is None,
+                f"split={self.split} only applies to placement=da, not placement={self.placement.kind.value}; "
+                "remove it or set placement=da.",
+            )
+        hosts = self.hardware.hosts
+        if self.placement.kind is PlacementKind.co:
+            require(
+                self.dataset.prompts_per_step % hosts == 0,
+                f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
+                f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
+            )

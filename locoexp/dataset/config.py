@@ -1,0 +1,90 @@
+"""Schema of the `dataset` config group: source, prompt template, caps, batch shape, reward.
+
+Table 1 of the paper gives the defaults of the real workloads (conf/dataset/*.yaml); the
+synthetic task is the embedded default that a tiny random policy learns from scratch on CPU.
+"""
+
+import dataclasses
+import enum
+
+from locoexp.errors import require
+
+
+class DatasetKind(enum.Enum):
+    synthetic = "synthetic"
+    gsm8k = "gsm8k"
+    numinamath_cot = "numinamath_cot"
+    swe_agent = "swe_agent"
+    openmathinstruct2 = "openmathinstruct2"
+
+
+class LongPrompts(enum.Enum):
+    """What to do with a prompt longer than `max_prompt_tokens` (counted in metrics either way)."""
+
+    drop = "drop"
+    truncate = "truncate"  # keep the last max_prompt_tokens tokens
+
+
+@dataclasses.dataclass(kw_only=True)
+class SyntheticTaskConfig:
+    """The embedded task: reverse a string of digits (see locoexp/dataset/synthetic.py)."""
+
+    num_digits: int = 3  # digits per prompt; the answer is the same digits reversed
+    num_symbols: int = 10  # distinct digit symbols
+    train_size: int = 4096  # distinct training prompts
+    eval_size: int = 256  # held-out prompts, disjoint from training prompts
+
+    def __post_init__(self):
+        require(1 <= self.num_digits <= 12, f"dataset.synthetic.num_digits={self.num_digits} must be in [1, 12].")
+        require(2 <= self.num_symbols <= 10, f"dataset.synthetic.num_symbols={self.num_symbols} must be in [2, 10].")
+        space = self.num_symbols**self.num_digits
+        require(
+            self.train_size + self.eval_size <= space,
+            f"dataset.synthetic.train_size + eval_size = {self.train_size + self.eval_size} exceeds "
+            f"the {space} distinct prompts of {self.num_digits} digits over {self.num_symbols} symbols.",
+        )
+
+
+@dataclasses.dataclass(kw_only=True)
+class DatasetConfig:
+    """Where prompts come from and how many of them one step uses (B prompts x G samples)."""
+
+    kind: DatasetKind = DatasetKind.synthetic
+    # Source for `datasets.load_dataset(path, name, revision=..., data_files=...)`: a hub id, or a
+    # builder ("json", "csv", "parquet") with local `data_files`. Nothing is fetched at run time
+    # when data_files point at local files.
+    path: str | None = None
+    name: str | None = None
+    revision: str | None = None
+    data_files: str | None = None  # local file(s) of the training split
+    eval_data_files: str | None = None  # local file(s) of the held-out split
+    train_split: str = "train"
+    eval_split: str = "test"
+    thinking: bool = False  # Qwen3 chat template thinking mode
+    max_prompt_tokens: int = 16  # prompt cap
+    max_new_tokens: int = 8  # response cap
+    long_prompts: LongPrompts = LongPrompts.truncate
+    prompts_per_step: int = 16  # B
+    samples_per_prompt: int = 8  # G, the GRPO group size
+    seed: int = 0  # prompt order
+    # The paper's protocol (Section 3.1, Appendix A): the same `batches_per_pass` batches are
+    # seen `passes` times in the same order; None = walk the whole training split each pass.
+    batches_per_pass: int | None = None
+    passes: int = 1
+    reward_workers: int = 0  # 0 = score in the host process; N > 0 = a pool of N processes
+    eval_size: int | None = None  # held-out rows scored per evaluation; None = the whole split
+    synthetic: SyntheticTaskConfig = dataclasses.field(default_factory=SyntheticTaskConfig)
+
+    def __post_init__(self):
+        for key in ("max_prompt_tokens", "max_new_tokens", "prompts_per_step", "samples_per_prompt", "passes"):
+            value = getattr(self, key)
+            require(value >= 1, f"dataset.{key}={value} is invalid: it must be a positive integer.")
+        require(
+            self.batches_per_pass is None or self.batches_per_pass >= 1,
+            f"dataset.batches_per_pass={self.batches_per_pass} must be a positive integer or null.",
+        )
+        require(self.reward_workers >= 0, f"dataset.reward_workers={self.reward_workers} must be >= 0.")
+        require(
+            self.eval_size is None or self.eval_size >= 1,
+            f"dataset.eval_size={self.eval_size} must be a positive integer or null.",
+        )

@@ -1,0 +1,1 @@
+"""Hardware topology: hosts, devices per host, memory per device, chip prices."""

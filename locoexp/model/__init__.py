@@ -1,0 +1,1 @@
+"""The decoder: its schema (`ModelConfig`), the NNX module and its KV cache."""

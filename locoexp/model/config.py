@@ -1,0 +1,60 @@
+"""Schema of the `model` config group: architecture, init and dtypes of the decoder.
+
+One dataclass describes every model of the paper (Qwen3 0.6B-32B, Llama-3.1 70B/405B and the
+synthetic ~100B/~200B widths) and the tiny CPU models; Llama-3.1 is the same block without the
+per-head q/k RMSNorm (`qk_norm: false`).
+"""
+
+import dataclasses
+import enum
+
+from locoexp.errors import require
+
+
+class DType(enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+@dataclasses.dataclass(kw_only=True)
+class ModelConfig:
+    """Decoder architecture. Shapes: V vocabulary, D width, F MLP width."""
+
+    name: str = "tiny"
+    vocab_size: int = 16  # V
+    num_layers: int = 2
+    hidden_dim: int = 64  # D
+    mlp_dim: int = 192  # F
+    num_heads: int = 4  # query heads
+    num_kv_heads: int = 2  # grouped-query attention: num_heads % num_kv_heads == 0
+    head_dim: int = 16  # may differ from hidden_dim // num_heads (Qwen3 does)
+    rope_theta: float = 10_000.0
+    # Llama-3.1 "llama3" RoPE frequency scaling; factor 1.0 means no scaling.
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = True  # Qwen3: RMSNorm on each query/key head; Llama-3.1: false
+    tie_embeddings: bool = True
+    param_dtype: DType = DType.float32
+    init_std: float = 0.02
+    # A local Hugging Face checkpoint directory (config.json + safetensors); None = random init.
+    checkpoint: str | None = None
+
+    def __post_init__(self):
+        for key in ("vocab_size", "num_layers", "hidden_dim", "mlp_dim", "num_heads",
+                    "num_kv_heads", "head_dim"):
+            value = getattr(self, key)
+            require(value >= 1, f"model.{key}={value} is invalid: it must be a positive integer.")
+        require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads="
+            f"{self.num_heads} (grouped-query attention).",
+        )
+        require(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0.")
+        require(self.rms_norm_eps > 0, f"model.rms_norm_eps={self.rms_norm_eps} must be > 0.")
+        require(
+            self.rope_scaling_factor >= 1.0,
+            f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (1 = no scaling).",
+        )

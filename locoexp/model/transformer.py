@@ -1,0 +1,202 @@
+"""The dense decoder (Qwen3; Llama-3.1 with `qk_norm=False`) in Flax NNX.
+
+One implementation serves training (full sequences, packed rows with segment masks) and
+generation (a KV cache written at a given slot). It owns the numerics of the forward pass only:
+it never samples, never computes a loss and never knows about hosts or meshes.
+
+Shapes: B rows, T query tokens, S key slots (cache length), D width, K KV heads, R = heads / K
+(query heads per KV head), h head_dim, V vocabulary.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from locoexp.model.config import ModelConfig
+
+Array = jax.Array
+KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, K, h]
+
+_MASKED = -1e30  # finite so that fully masked (padding) rows give uniform, not NaN, weights
+
+
+def _dtype(config: ModelConfig):
+    return jnp.dtype(config.param_dtype.value)
+
+
+def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
+    dtype = _dtype(config)
+    return nnx.Linear(
+        d_in, d_out, use_bias=False, dtype=dtype, param_dtype=dtype,
+        kernel_init=nnx.initializers.normal(config.init_std), rngs=rngs,
+    )
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * scale, computed in float32 and cast back (as Hugging Face does)."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...] * x32.astype(x.dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> Array:
+    """Per-pair rotation frequencies [h/2], with Llama-3.1's "llama3" scaling when enabled."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(half, dtype=jnp.float32) * 2 / config.head_dim))
+    if config.rope_scaling_factor == 1.0:
+        return inv_freq
+    factor = config.rope_scaling_factor
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    old_len = config.rope_original_max_positions
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
+    """Rotate x [B, T, heads, h] by positions [B, T] in the split-halves layout of HF Qwen3/Llama."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, h/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional per-head q/k RMSNorm and an optional KV cache."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = _linear(c.hidden_dim, c.num_heads * c.head_dim, c, rngs)
+        self.k_proj = _linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
+        self.v_proj = _linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
+        self.o_proj = _linear(c.num_heads * c.head_dim, c.hidden_dim, c, rngs)
+        self.qk_norm = c.qk_norm
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
+        """x [B,T,D], positions [B,T], mask [B,T,S] (True = may attend) -> [B,T,D], cache."""
+        b, t, _ = x.shape
+        k_heads, r, h = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(b, t, self.num_heads, h)
+        k = self.k_proj(x).reshape(b, t, k_heads, h)
+        v = self.v_proj(x).reshape(b, t, k_heads, h)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if cache is not None:
+            cache_k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0))
+            cache_v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0))
+            k, v, cache = cache_k, cache_v, (cache_k, cache_v)
+        q = q.reshape(b, t, k_heads, r, h)
+        scores = jnp.einsum("btkrh,bskh->bkrts", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, self.num_heads * h)
+        return self.o_proj(out), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        self.gate_proj = _linear(config.hidden_dim, config.mlp_dim, config, rngs)
+        self.up_proj = _linear(config.hidden_dim, config.mlp_dim, config, rngs)
+        self.down_proj = _linear(config.mlp_dim, config.hidden_dim, config, rngs)
+
+    def __call__(self, x: Array) -> Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dtype = _dtype(config)
+        self.input_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
+        self.attn = Attention(config, rngs)
+        self.post_attn_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, rngs)
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
+        attn_out, cache = self.attn(self.input_norm(x), positions, mask, inv_freq, cache, cache_index)
+        x = x + attn_out
+        return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+class Transformer(nnx.Module):
+    """Token embedding, `num_layers` blocks, final RMSNorm and a tied or untied output head."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dtype = _dtype(config)
+        self.config = config
+        self.embed = nnx.Embed(
+            config.vocab_size, config.hidden_dim, dtype=dtype, param_dtype=dtype,
+            embedding_init=nnx.initializers.normal(config.init_std), rngs=rngs,
+        )
+        self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
+        if not config.tie_embeddings:
+            self.lm_head = _linear(config.hidden_dim, config.vocab_size, config, rngs)
+
+    def __call__(
+        self, tokens: Array, positions: Array, mask: Array,
+        cache: KVCache | None = None, cache_index: Array | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        """tokens, positions [B,T]; mask [B,T,S] -> final hidden states [B,T,D] and the cache.
+
+        With a cache, keys/values of the T new tokens are written at slots
+        [cache_index, cache_index + T) before attending over all S slots.
+        """
+        inv_freq = rope_inverse_frequencies(self.config)
+        x = self.embed(tokens)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(
+                x, positions, mask, inv_freq, None if cache is None else cache[i], cache_index
+            )
+            new_cache.append(layer_cache)
+        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+
+    def logits(self, hidden: Array) -> Array:
+        """Output head: hidden [..., D] -> logits [..., V] in float32."""
+        if self.config.tie_embeddings:
+            out = hidden @ self.embed.embedding[...].T
+        else:
+            out = self.lm_head(hidden)
+        return out.astype(jnp.float32)
+
+
+def init_cache(config: ModelConfig, batch: int, slots: int, dtype=None) -> KVCache:
+    """Zeroed KV cache for `batch` rows of `slots` positions."""
+    dtype = dtype or _dtype(config)
+    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers))
+
+
+def causal_segment_mask(segment_ids: Array) -> Array:
+    """[B,T] segment ids (0 = padding) -> [B,T,T] mask: same segment and not in the future."""
+    t = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return same & causal & (segment_ids[:, :, None] > 0)
+
+
+def build_model(config: ModelConfig, *, seed: int) -> Transformer:
+    """A randomly initialised decoder (checkpoint loading lives in `locoexp.model.checkpoint`)."""
+    return Transformer(config, rngs=nnx.Rngs(params=seed))

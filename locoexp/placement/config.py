@@ -1,0 +1,26 @@
+"""Schema of the `placement` and `opt` config groups: execution mode and the O1-O4 levers."""
+
+import dataclasses
+import enum
+
+
+class PlacementKind(enum.Enum):
+    co = "co"  # colocated: every host trains (FSDP over all devices) and runs its own engine
+    da = "da"  # disaggregated on Ray: trainer hosts and rollout hosts, one-step-stale rollouts
+    single_controller = "single_controller"  # one process drives every device (the baseline)
+
+
+@dataclasses.dataclass(kw_only=True)
+class PlacementConfig:
+    kind: PlacementKind = PlacementKind.co
+    ray_address: str | None = None  # placement=da: None = start a local Ray cluster on 127.0.0.1
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptConfig:
+    """Table B1's optimization levers (Appendix B); `opt=base` turns all off, `opt=optimized` on."""
+
+    metrics_off_barrier: bool = False  # O1: export metrics off the per-host barrier
+    freeze_gc: bool = False  # O2: gc.freeze() after warm-up, no collections on the step path
+    balance_prompts: bool = False  # O3: balance prompts across hosts by prompt length
+    publish_in_one_call: bool = False  # O4: all weights to the local engine in one call
