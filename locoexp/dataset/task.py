@@ -39,7 +39,8 @@ class Task(Protocol):
     long_prompts: int
 
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
-        """Rewards [N] float32 in [0, 1] for completions [N] (token ids, EOS excluded)."""
+        """Rewards [N] float32 in [0, 1] for completions [N] (token ids, ending with EOS when one
+        was emitted; cut at the response cap otherwise)."""
         ...
 
     def is_correct(self, rewards: np.ndarray) -> np.ndarray:
