@@ -31,8 +31,8 @@ class SyntheticTaskConfig:
 
     num_digits: int = 3  # digits per prompt; the answer is the same digits reversed
     num_symbols: int = 10  # distinct digit symbols
-    train_size: int = 4096  # distinct training prompts
-    eval_size: int = 256  # held-out prompts, disjoint from training prompts
+    train_size: int = 800  # distinct training prompts
+    eval_size: int = 200  # held-out prompts, disjoint from training prompts
 
     def __post_init__(self):
         require(1 <= self.num_digits <= 12, f"dataset.synthetic.num_digits={self.num_digits} must be in [1, 12].")
