@@ -1,0 +1,165 @@
+"""Where per-step metrics go besides metrics.jsonl: a W&B run, or nowhere (`logger=none`).
+
+`build_logger` dispatches on `LoggerConfig.kind`. The W&B run lives under the run directory
+(`<run_dir>/wandb/`), carries the resolved config, and plots every key against the global step
+(`step`, declared with `define_metric`), so records logged out of order or after a restart still
+land on the right x. Its id is kept in `<run_dir>/wandb_run_id`: a restarted run (same run_dir)
+resumes the same W&B run (`resume="allow"`) instead of starting a duplicate.
+
+Mode: `logger.mode` when set; else `WANDB_MODE` from the environment when set; else online when W&B
+credentials are configured (WANDB_API_KEY, an identity token file, or a netrc entry for the W&B
+host: files and environment only, no network), offline otherwise, so a user without an account
+still gets a run directory to `wandb sync` later.
+
+This module must not write metrics.jsonl (the step engine does), and must be built on one
+process only (the first host): W&B runs are per job, not per host.
+"""
+
+import dataclasses
+import enum
+import netrc
+import os
+import secrets
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import wandb
+
+from locoexp.metrics.config import LoggerConfig, LoggerKind, WandbMode
+
+RUN_ID_FILE = "wandb_run_id"
+STEP_KEY = "step"  # the x axis of every panel: the global step, as in metrics.jsonl
+DEFAULT_WANDB_HOST = "https://api.wandb.ai"
+
+
+class NullLogger:
+    """`logger=none`: every call does nothing; metrics.jsonl remains the record."""
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        pass
+
+    def summary(self, values: dict[str, Any]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class WandbLogger:
+    """One W&B run; `log` writes a history row at global step `step`."""
+
+    def __init__(self, run: "wandb.Run"):
+        self.run = run
+        run.define_metric(STEP_KEY)
+        run.define_metric("*", step_metric=STEP_KEY)
+        self._finished = False
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        # No `step=` argument: W&B's own `_step` must stay monotonic across a resumed run, and
+        # eval records share their step with the step record; the x axis is the `step` key.
+        self.run.log({**record, STEP_KEY: int(step)})
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.run.summary.update(values)
+
+    def finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.run.finish()
+
+
+def build_logger(
+    config: LoggerConfig,
+    *,
+    run_dir: Path,
+    resolved_config: dict[str, Any],
+    run_name: str,
+    sweep_name: str | None = None,
+) -> NullLogger | WandbLogger:
+    """The logger chosen by `config.kind`.
+
+    `sweep_name`: the Hydra multirun's sweep directory name, so that one multirun is one W&B
+    group; used when `config.group` is None, else the run's own name is its group.
+    """
+    match config.kind:
+        case LoggerKind.none:
+            return NullLogger()
+        case LoggerKind.wandb:
+            return WandbLogger(start_wandb_run(config, run_dir=Path(run_dir),
+                                               resolved_config=resolved_config,
+                                               run_name=run_name, sweep_name=sweep_name))
+
+
+def start_wandb_run(config: LoggerConfig, *, run_dir: Path, resolved_config: dict[str, Any],
+                    run_name: str, sweep_name: str | None) -> "wandb.Run":
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=config.project,
+        entity=config.entity,
+        group=config.group or sweep_name or run_name,
+        job_type=config.job_type,
+        tags=list(config.tags),
+        name=run_name,
+        config=to_plain(resolved_config),
+        dir=str(run_dir),
+        id=load_or_create_run_id(run_dir),
+        resume="allow",
+        mode=resolve_mode(config.mode),
+    )
+
+
+def load_or_create_run_id(run_dir: Path) -> str:
+    """The W&B run id of this run directory, created and saved on first use."""
+    path = run_dir / RUN_ID_FILE
+    if path.exists():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(6)  # W&B ids: lowercase letters and digits
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+def resolve_mode(mode: WandbMode | None) -> str | None:
+    """`mode` if set; None (W&B reads WANDB_MODE) if that is set; else by local credentials."""
+    if mode is not None:
+        return mode.value
+    if os.environ.get(wandb.env.MODE):
+        return None
+    return WandbMode.online.value if has_wandb_credentials() else WandbMode.offline.value
+
+
+def has_wandb_credentials() -> bool:
+    """Whether W&B credentials are configured here, read from environment and netrc only.
+
+    Mirrors W&B's own lookup (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, then the netrc entry for
+    the WANDB_BASE_URL host) with the standard library, because W&B's reader is a private
+    module whose location changes between releases.
+    """
+    if os.environ.get(wandb.env.API_KEY) or os.environ.get(wandb.env.IDENTITY_TOKEN_FILE):
+        return True
+    host = urllib.parse.urlsplit(os.environ.get(wandb.env.BASE_URL) or DEFAULT_WANDB_HOST)
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host.hostname or "")
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return entry is not None and bool(entry[2])
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses, enums and paths -> JSON-like values, so W&B shows the config as written."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
