@@ -1,0 +1,142 @@
+"""The train step (Algorithm 1, line 5): one forward/backward and one AdamW update, FSDP-sharded.
+
+The trainer holds the policy parameters and optimizer state sharded over a mesh axis `fsdp`
+(each parameter split along its largest dimension that the device count divides), takes a
+`PackedBatch` and returns scalar metrics. It never generates and never knows about placement;
+`params` is what weight publication hands to the engines.
+
+Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+from locoexp.algo.config import AlgoConfig, LossAggregation
+from locoexp.algo.grpo import policy_loss
+from locoexp.model.transformer import Transformer, causal_segment_mask
+from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.packing import PackedBatch
+
+
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> PS:
+    """Shard the largest dimension that `devices` divides; replicate when none does."""
+    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+        if devices > 1 and shape[axis] % devices == 0:
+            return PS(*[("fsdp" if a == axis else None) for a in range(len(shape))])
+    return PS()
+
+
+def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
+    """AdamW with optional linear warm-up and global-norm clipping."""
+    if algo.warmup_steps:
+        lr = optax.linear_schedule(0.0, algo.learning_rate, algo.warmup_steps)
+    else:
+        lr = algo.learning_rate
+    adamw = optax.adamw(lr, b1=algo.adam_b1, b2=algo.adam_b2, eps=algo.adam_eps,
+                        weight_decay=algo.weight_decay)
+    if algo.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(algo.max_grad_norm), adamw)
+    return adamw
+
+
+def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk: int) -> jax.Array:
+    """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks."""
+    mask = causal_segment_mask(batch["segment_ids"])
+    hidden, _ = model(batch["tokens"], batch["positions"], mask)
+    hidden = hidden.reshape(-1, hidden.shape[-1])[batch["loss_index"]]  # [K, D]
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+
+    @jax.checkpoint
+    def chunk_logprobs(args):
+        h, targets = args
+        logits = model.logits(h) * scale
+        picked = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+
+    k = hidden.shape[0]
+    size = min(chunk, k)
+    chunks = (hidden.reshape(k // size, size, -1), batch["loss_targets"].reshape(k // size, size))
+    return jax.lax.map(chunk_logprobs, chunks).reshape(k)
+
+
+class Trainer:
+    """Policy parameters, AdamW state and the jitted GRPO train step on a `fsdp` mesh."""
+
+    def __init__(self, model: Transformer, algo: AlgoConfig, config: TrainerConfig, *,
+                 mesh: Mesh, temperature: float, max_new_tokens: int):
+        self.algo, self.config, self.mesh = algo, config, mesh
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        devices = mesh.devices.size
+        self.param_shardings = jax.tree.map(
+            lambda x: NamedSharding(mesh, fsdp_spec(x.shape, devices)), params)
+        self.params = jax.device_put(params, self.param_shardings)
+        # a copy: the step donates self.params, which must not free the reference
+        self.reference = jax.tree.map(jnp.copy, self.params) if algo.kl_coef > 0 else None
+        self.optimizer = build_optimizer(algo)
+        self.opt_state = jax.jit(self.optimizer.init)(self.params)
+        self.steps_done = 0
+        self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._logprobs = jax.jit(self._logprobs_fn)
+
+    @property
+    def devices(self) -> int:
+        return self.mesh.devices.size
+
+    def _rows_sharding(self, ndim: int) -> NamedSharding:
+        return NamedSharding(self.mesh, PS("fsdp", *([None] * (ndim - 1))))
+
+    def device_batch(self, batch: PackedBatch) -> dict:
+        """Place a host-local packed batch on the trainer mesh (rows and slots split over fsdp)."""
+        arrays = {
+            "tokens": batch.tokens, "positions": batch.positions, "segment_ids": batch.segment_ids,
+            "loss_index": batch.loss_index, "loss_targets": batch.loss_targets,
+            "loss_mask": batch.loss_mask, "advantages": batch.advantages,
+            "behaviour_logprobs": batch.behaviour_logprobs,
+        }
+        placed = {k: jax.device_put(v, self._rows_sharding(v.ndim)) for k, v in arrays.items()}
+        placed["normalizer"] = jnp.float32(batch.num_sequences * self.max_new_tokens)
+        return placed
+
+    def _logprobs_fn(self, params, batch):
+        model = nnx.merge(self.graphdef, params)
+        return token_logprobs(model, batch, temperature=self.temperature,
+                              chunk=self.config.logit_chunk_tokens)
+
+    def _train_step(self, params, opt_state, batch, reference):
+        algo = self.algo
+
+        def loss_fn(p):
+            logp = self._logprobs_fn(p, batch)
+            ref_logp = None if reference is None else self._logprobs_fn(reference, batch)
+            return policy_loss(
+                logp, jax.lax.stop_gradient(logp), batch["advantages"], batch["loss_mask"],
+                clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
+                aggregation=algo.loss_aggregation, normalizer=batch["normalizer"],
+                kl_coef=algo.kl_coef, ref_logp=ref_logp,
+                behaviour_logp=batch["behaviour_logprobs"], tis_cap=algo.tis_cap,
+            )
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        params = jax.lax.with_sharding_constraint(params, self.param_shardings)
+        metrics = {**metrics, "train/loss": loss, "train/grad_norm": optax.global_norm(grads)}
+        return params, opt_state, metrics
+
+    def train_step(self, batch: PackedBatch) -> dict[str, float]:
+        """One optimizer update on `batch`; returns host-side scalar metrics."""
+        placed = self.device_batch(batch)
+        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, placed, self.reference)
+        self.steps_done += 1
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def logprobs(self, batch: PackedBatch) -> np.ndarray:
+        """The trainer's recomputation of the loss targets' log-probs [K] (for checks and tests)."""
+        return np.asarray(self._logprobs(self.params, self.device_batch(batch)))
+
