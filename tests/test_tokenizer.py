@@ -1,4 +1,4 @@
-"""The offline Qwen3 tokenizer against transformers' Qwen2/Qwen3 tokenizer built from the same ranks.
+"""The offline Qwen3 tokenizer against transformers' Qwen2 tokenizer built from the same ranks.
 
 The reference is independent of tiktoken's BPE: transformers' `TikTokenConverter` turns the
 `qwen.tiktoken` ranks into a vocabulary and merge list, `Qwen2Tokenizer` (the class Qwen3
@@ -28,7 +28,7 @@ TEXTS = [
     "数学题：小明有 12 个苹果，吃了 3 个。日本語のテキストも。한국어",
     "tabs\t\tand   spaces    \n\n\n   trailing   \r\n  ",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nok<|endoftext|>",
-    "<tool_call>{\"a\": 1}</tool_call><tool_response>x</tool_response><|fim_prefix|><|file_sep|>",
+    '<tool_call>{"a": 1}</tool_call><tool_response>x</tool_response><|fim_prefix|><|file_sep|>',
     "don't I'LL we've emoji 🤖🚀 café (NFC: cafe\u0301) ```python\ndef f(x):\n    return x**2\n```",
     "\\boxed{\\frac{1}{2}} and $x^2 + y^2 = z^2$",
 ]
@@ -43,10 +43,16 @@ def reference():
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     rank_file = str(qwen_rank_file())
-    vocab, merges = TikTokenConverter(vocab_file=rank_file).extract_vocab_merges_from_model(rank_file)
+    vocab, merges = TikTokenConverter(vocab_file=rank_file).extract_vocab_merges_from_model(
+        rank_file
+    )
     tok = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None)  # adds <|endoftext|> first
-    tok.add_tokens([AddedToken(t, special=FIRST_SPECIAL + i < NOT_SPECIAL_FROM, normalized=False)
-                    for i, t in enumerate(CONTROL_TOKENS)])
+    tok.add_tokens(
+        [
+            AddedToken(t, special=FIRST_SPECIAL + i < NOT_SPECIAL_FROM, normalized=False)
+            for i, t in enumerate(CONTROL_TOKENS)
+        ]
+    )
     tok.eos_token = "<|im_end|>"  # Qwen3 tokenizer_config.json
     tok.chat_template = TEMPLATE
     return tok
@@ -56,9 +62,15 @@ def test_control_tokens_sit_at_qwen3_ids(reference):
     tok = Qwen3Tokenizer()
     assert VOCAB_SIZE == 151669 and tok.vocab_size == 151669
     assert (tok.eos_id, tok.pad_id) == (IM_END_ID, ENDOFTEXT_ID) == (151645, 151643)
-    expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-                "<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667,
-                "</think>": 151668}
+    expected = {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
+    }
     for token, token_id in expected.items():
         assert tok.encode(token) == [token_id]
         assert reference.convert_tokens_to_ids(token) == token_id
@@ -85,9 +97,14 @@ def test_decode_skips_ids_of_the_padded_model_vocabulary():
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-    [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
-     {"role": "assistant", "content": "<think>\nhmm\n</think>\n\na1"}, {"role": "user", "content": "q2"},
-     {"role": "assistant", "content": "a2"}, {"role": "user", "content": "obs"}],
+    [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\na1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "obs"},
+    ],
     [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}],
 ]
 
@@ -98,8 +115,9 @@ def test_chat_template_equals_the_jinja_original(reference, messages, thinking):
     tok = Qwen3Tokenizer()
     generation = messages[-1]["role"] != "assistant"
     ours = tok.render_chat(messages, add_generation_prompt=generation, thinking=thinking)
-    theirs = reference.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=generation, enable_thinking=thinking)
+    theirs = reference.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation, enable_thinking=thinking
+    )
     assert ours == theirs
 
 
@@ -122,7 +140,8 @@ def test_checkpoint_directory_tokenizer_is_used_through_transformers(reference, 
         assert tok.encode(text) == builtin.encode(text)
     chat = CHATS[1]
     assert tok.render_chat(chat, add_generation_prompt=True, thinking=False) == builtin.render_chat(
-        chat, add_generation_prompt=True, thinking=False)
+        chat, add_generation_prompt=True, thinking=False
+    )
 
 
 def test_directory_without_tokenizer_files_falls_back_to_builtin_qwen3(tmp_path):

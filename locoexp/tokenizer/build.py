@@ -7,8 +7,9 @@ from locoexp.dataset.task import Tokenizer
 
 
 class ChatTokenizer(Tokenizer, Protocol):
-    def render_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool,
-                    thinking: bool) -> str: ...
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, thinking: bool
+    ) -> str: ...
 
 
 def build_tokenizer(tokenizer_dir: str | None = None) -> ChatTokenizer:

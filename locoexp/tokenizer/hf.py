@@ -25,9 +25,12 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         if not has_tokenizer_files(directory):
-            raise ConfigError(f"tokenizer directory {directory} holds none of {', '.join(TOKENIZER_FILES)}.")
-        self._tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
-                                                  trust_remote_code=False)
+            raise ConfigError(
+                f"tokenizer directory {directory} holds none of {', '.join(TOKENIZER_FILES)}."
+            )
+        self._tok = AutoTokenizer.from_pretrained(
+            str(directory), local_files_only=True, trust_remote_code=False
+        )
         self.vocab_size = len(self._tok)
         self.eos_id = int(self._tok.eos_token_id)
         pad = self._tok.pad_token_id
@@ -39,9 +42,12 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool,
-                    thinking: bool) -> str:
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, thinking: bool
+    ) -> str:
         return self._tok.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False,
-            add_generation_prompt=add_generation_prompt, enable_thinking=thinking,
+            [dict(m) for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=thinking,
         )

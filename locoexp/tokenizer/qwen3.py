@@ -56,12 +56,14 @@ def _encoding() -> tiktoken.Encoding:
 
     ranks = load_tiktoken_bpe(str(qwen_rank_file()))
     assert len(ranks) == NUM_RANKS, f"{len(ranks)} BPE ranks, expected {NUM_RANKS}"
-    return tiktoken.Encoding("qwen3", pat_str=PRE_TOKENIZER_REGEX, mergeable_ranks=ranks,
-                             special_tokens=SPECIAL_IDS)
+    return tiktoken.Encoding(
+        "qwen3", pat_str=PRE_TOKENIZER_REGEX, mergeable_ranks=ranks, special_tokens=SPECIAL_IDS
+    )
 
 
-def render_qwen3_chat(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool,
-                      thinking: bool) -> str:
+def render_qwen3_chat(
+    messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, thinking: bool
+) -> str:
     """Qwen3's chat template (no tools). `thinking=False` is `enable_thinking=False`: the
     generation prompt then carries an empty `<think>\\n\\n</think>\\n\\n` block."""
     out = []
@@ -73,7 +75,9 @@ def render_qwen3_chat(messages: Sequence[Mapping[str, str]], *, add_generation_p
         if role == "user" or (role == "system" and i > 0):
             out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         elif role == "assistant":
-            out.append(_render_assistant(content, think=i > last_query, last=i == len(messages) - 1))
+            out.append(
+                _render_assistant(content, think=i > last_query, last=i == len(messages) - 1)
+            )
         elif role != "system":
             raise ValueError(f"chat role {role!r} is not one of system, user, assistant")
     if add_generation_prompt:
@@ -120,7 +124,9 @@ class Qwen3Tokenizer:
         # A policy over the padded model vocabulary can emit ids past the tokenizer's: no text.
         return self._encoding.decode([int(i) for i in ids if 0 <= int(i) < VOCAB_SIZE])
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool,
-                    thinking: bool) -> str:
-        return render_qwen3_chat(messages, add_generation_prompt=add_generation_prompt,
-                                 thinking=thinking)
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, thinking: bool
+    ) -> str:
+        return render_qwen3_chat(
+            messages, add_generation_prompt=add_generation_prompt, thinking=thinking
+        )
