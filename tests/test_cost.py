@@ -14,13 +14,16 @@ STEPS = (275, 300, 325, 348)
 
 
 def make_checkpoints(scores, *, seconds_per_step=10.0):
-    return [Checkpoint(step=s, elapsed_s=s * seconds_per_step, score=x)
-            for s, x in zip(STEPS, scores, strict=True)]
+    return [
+        Checkpoint(step=s, elapsed_s=s * seconds_per_step, score=x)
+        for s, x in zip(STEPS, scores, strict=True)
+    ]
 
 
 def charge(scores, *, price=0.0):
-    return compute_cost_to_learn(make_checkpoints(scores), target=0.85, chips=8,
-                                 chip_hour_price_usd=price)
+    return compute_cost_to_learn(
+        make_checkpoints(scores), target=0.85, chips=8, chip_hour_price_usd=price
+    )
 
 
 def test_cleared_once_then_missed_is_not_charged_there():
@@ -38,8 +41,11 @@ def test_cleared_twice_is_charged_at_the_first_of_the_two():
 def test_never_cleared_is_not_reached():
     cost = charge([0.5, 0.6, 0.7, 0.84999])
     assert not cost.reached
-    assert cost.as_metrics() == {"cost/target": 0.85, "cost/reached": False,
-                                 "cost/status": "not reached"}
+    assert cost.as_metrics() == {
+        "cost/target": 0.85,
+        "cost/reached": False,
+        "cost/status": "not reached",
+    }
 
 
 def test_cleared_at_the_last_checkpoint_only_is_not_reached():
@@ -56,24 +62,33 @@ def test_money_is_chip_hours_times_price_and_absent_when_unpriced():
 
 def test_a_cell_pools_seed_scores_and_sums_seed_chip_hours():
     # Seed means: 0.84, 0.86, 0.86, 0.80 -> charged at 300 though seed 0 alone clears at 275.
-    seeds = [make_checkpoints([0.88, 0.86, 0.90, 0.80]),
-             make_checkpoints([0.80, 0.86, 0.82, 0.80], seconds_per_step=20.0)]
+    seeds = [
+        make_checkpoints([0.88, 0.86, 0.90, 0.80]),
+        make_checkpoints([0.80, 0.86, 0.82, 0.80], seconds_per_step=20.0),
+    ]
     cost = compute_cell_cost_to_learn(seeds, target=0.85, chips=4, chip_hour_price_usd=0.0)
     assert cost.charged_step == 300
     assert cost.chip_hours == pytest.approx(4 * (3000.0 + 6000.0) / 3600.0)
 
 
 def test_checkpoints_out_of_order_are_rejected():
-    bad = [Checkpoint(step=300, elapsed_s=1.0, score=0.9), Checkpoint(step=275, elapsed_s=2.0,
-                                                                      score=0.9)]
+    bad = [
+        Checkpoint(step=300, elapsed_s=1.0, score=0.9),
+        Checkpoint(step=275, elapsed_s=2.0, score=0.9),
+    ]
     with pytest.raises(ValueError, match="rise in step"):
         compute_cost_to_learn(bad, target=0.5, chips=1, chip_hour_price_usd=0.0)
 
 
 def test_checkpoints_from_records_take_elapsed_time_from_the_scored_step():
-    records = [{"step": 0, "time/elapsed_s": 5.0}, {"step": 1, "time/elapsed_s": 9.0},
-               {"step": 1, "eval/accuracy": 0.5, "eval/seconds": 3.0},
-               {"step": 2, "time/elapsed_s": 13.0},
-               {"step": 2, "eval/accuracy": 0.75, "time/elapsed_s": 13.5}]
-    assert checkpoints_from_records(records) == [Checkpoint(step=1, elapsed_s=9.0, score=0.5),
-                                                 Checkpoint(step=2, elapsed_s=13.5, score=0.75)]
+    records = [
+        {"step": 0, "time/elapsed_s": 5.0},
+        {"step": 1, "time/elapsed_s": 9.0},
+        {"step": 1, "eval/accuracy": 0.5, "eval/seconds": 3.0},
+        {"step": 2, "time/elapsed_s": 13.0},
+        {"step": 2, "eval/accuracy": 0.75, "time/elapsed_s": 13.5},
+    ]
+    assert checkpoints_from_records(records) == [
+        Checkpoint(step=1, elapsed_s=9.0, score=0.5),
+        Checkpoint(step=2, elapsed_s=13.5, score=0.75),
+    ]

@@ -18,8 +18,12 @@ def test_phases_add_up_to_the_step_with_the_unaccounted_remainder():
         with timer.phase("generation"):  # a phase entered twice accumulates
             time.sleep(0.01)
     m = timer.metrics()
-    assert set(m) == {"timing/generation_s", "timing/train_s", "timing/step_s",
-                      "timing/unaccounted_s"}
+    assert set(m) == {
+        "timing/generation_s",
+        "timing/train_s",
+        "timing/step_s",
+        "timing/unaccounted_s",
+    }
     assert m["timing/generation_s"] >= 0.03
     assert m["timing/unaccounted_s"] >= 0.01
     total = m["timing/generation_s"] + m["timing/train_s"] + m["timing/unaccounted_s"]
@@ -39,8 +43,12 @@ def test_nested_phases_and_phases_outside_a_step_are_refused():
     timer = StepTimer()
     with pytest.raises(RuntimeError, match="inside StepTimer.step"), timer.phase("train"):
         pass
-    with (timer.step(), timer.phase("train"),
-          pytest.raises(RuntimeError, match="inside phase 'train'"), timer.phase("pack")):
+    with (
+        timer.step(),
+        timer.phase("train"),
+        pytest.raises(RuntimeError, match="inside phase 'train'"),
+        timer.phase("pack"),
+    ):
         pass
 
 

@@ -17,8 +17,12 @@ from locoexp.metrics.wandb_logger import (
     resolve_mode,
 )
 
-RESOLVED = {"model": {"name": "tiny_qwen"}, "placement": {"kind": "co"}, "hardware": {"chips": 2},
-            "steps": 3}
+RESOLVED = {
+    "model": {"name": "tiny_qwen"},
+    "placement": {"kind": "co"},
+    "hardware": {"chips": 2},
+    "steps": 3,
+}
 STEP_KEYS = ("timing/step_s", "timing/generation_s", "rollout/reward_mean", "train/loss")
 
 
@@ -43,10 +47,10 @@ def read_wandb_records(path: Path):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             break
-        chunks.append(data[pos + 7:pos + 7 + length])
+        chunks.append(data[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -77,19 +81,32 @@ def read_run(run_dir: Path, run_id: str):
 
 def log_steps(logger, steps):
     for step in steps:
-        logger.log({"timing/step_s": 1.0 + step, "timing/generation_s": 0.5,
-                    "rollout/reward_mean": step / 10, "train/loss": 0.1}, step=step)
+        logger.log(
+            {
+                "timing/step_s": 1.0 + step,
+                "timing/generation_s": 0.5,
+                "rollout/reward_mean": step / 10,
+                "train/loss": 0.1,
+            },
+            step=step,
+        )
 
 
 def make_config(**kwargs):
-    return LoggerConfig(kind=LoggerKind.wandb, project="locoexp-test", job_type="train",
-                        tags=["pulse"], **kwargs)
+    return LoggerConfig(
+        kind=LoggerKind.wandb, project="locoexp-test", job_type="train", tags=["pulse"], **kwargs
+    )
 
 
 def test_offline_run_holds_the_resolved_config_and_history_keys(tmp_path):
     run_dir = tmp_path / "run"
-    logger = build_logger(make_config(), run_dir=run_dir, resolved_config=RESOLVED,
-                          run_name="pulse", sweep_name="2026-11-30_sweep")
+    logger = build_logger(
+        make_config(),
+        run_dir=run_dir,
+        resolved_config=RESOLVED,
+        run_name="pulse",
+        sweep_name="2026-11-30_sweep",
+    )
     assert isinstance(logger, WandbLogger)
     log_steps(logger, range(3))
     logger.log({"eval/accuracy": 0.75, "eval/seconds": 2.0, "eval/examples": 8}, step=2)
@@ -115,12 +132,14 @@ def test_offline_run_holds_the_resolved_config_and_history_keys(tmp_path):
 
 def test_a_restarted_run_resumes_the_same_wandb_run(tmp_path):
     run_dir = tmp_path / "run"
-    first = build_logger(make_config(group="fixed"), run_dir=run_dir, resolved_config=RESOLVED,
-                         run_name="pulse")
+    first = build_logger(
+        make_config(group="fixed"), run_dir=run_dir, resolved_config=RESOLVED, run_name="pulse"
+    )
     log_steps(first, range(2))
     first.finish()
-    second = build_logger(make_config(group="fixed"), run_dir=run_dir, resolved_config=RESOLVED,
-                          run_name="pulse")
+    second = build_logger(
+        make_config(group="fixed"), run_dir=run_dir, resolved_config=RESOLVED, run_name="pulse"
+    )
     log_steps(second, range(2, 4))
     second.finish()
 
@@ -133,8 +152,12 @@ def test_a_restarted_run_resumes_the_same_wandb_run(tmp_path):
 
 
 def test_kind_none_logs_nothing_and_writes_nothing(tmp_path):
-    logger = build_logger(LoggerConfig(kind=LoggerKind.none), run_dir=tmp_path / "run",
-                          resolved_config=RESOLVED, run_name="pulse")
+    logger = build_logger(
+        LoggerConfig(kind=LoggerKind.none),
+        run_dir=tmp_path / "run",
+        resolved_config=RESOLVED,
+        run_name="pulse",
+    )
     assert isinstance(logger, NullLogger)
     log_steps(logger, range(2))
     logger.summary({"cost/chip_hours": 1.0})

@@ -27,8 +27,12 @@ def build_workspace(*, entity: str, project: str, name: str = DEFAULT_NAME) -> w
         entity=entity,
         project=project,
         name=name,
-        sections=[ws.Section(name=section.name, panels=[build_panel(p) for p in section.panels],
-                             is_open=True) for section in SECTIONS],
+        sections=[
+            ws.Section(
+                name=section.name, panels=[build_panel(p) for p in section.panels], is_open=True
+            )
+            for section in SECTIONS
+        ],
         settings=ws.WorkspaceSettings(x_axis=STEP_KEY),
         runset_settings=ws.RunsetSettings(groupby=[ws.Config(key) for key in GROUP_BY]),
     )
@@ -37,24 +41,41 @@ def build_workspace(*, entity: str, project: str, name: str = DEFAULT_NAME) -> w
 def build_panel(panel: Panel) -> wr.LinePlot | wr.BarPlot:
     match panel.kind:
         case PanelKind.line:
-            return wr.LinePlot(title=panel.title, x=STEP_KEY, y=list(panel.ys),
-                               title_x="global step", title_y=panel.y_label)
+            return wr.LinePlot(
+                title=panel.title,
+                x=STEP_KEY,
+                y=list(panel.ys),
+                title_x="global step",
+                title_y=panel.y_label,
+            )
         case PanelKind.stacked:
-            return wr.LinePlot(title=panel.title, x=STEP_KEY, y=list(panel.ys),
-                               plot_type="stacked-area", title_x="global step",
-                               title_y=panel.y_label)
+            return wr.LinePlot(
+                title=panel.title,
+                x=STEP_KEY,
+                y=list(panel.ys),
+                plot_type="stacked-area",
+                title_x="global step",
+                title_y=panel.y_label,
+            )
         case PanelKind.bar:
             # Bars read each run's summary, where the step engine writes cost/* at the end.
-            return wr.BarPlot(title=panel.title, metrics=list(panel.ys), orientation="v",
-                              title_y=panel.y_label, groupby_aggfunc="mean",
-                              groupby_rangefunc="minmax")
+            return wr.BarPlot(
+                title=panel.title,
+                metrics=list(panel.ys),
+                orientation="v",
+                title_y=panel.y_label,
+                groupby_aggfunc="mean",
+                groupby_rangefunc="minmax",
+            )
 
 
 def describe_workspace(workspace: ws.Workspace) -> str:
     """What a user reads before saving: grouping, then every section's panels and keys."""
     groupby = ", ".join(key.name for key in workspace.runset_settings.groupby)
-    lines = [f"workspace {workspace.name!r} in {workspace.entity}/{workspace.project}",
-             f"x axis: {workspace.settings.x_axis}; runs grouped by: {groupby}"]
+    lines = [
+        f"workspace {workspace.name!r} in {workspace.entity}/{workspace.project}",
+        f"x axis: {workspace.settings.x_axis}; runs grouped by: {groupby}",
+    ]
     for section in workspace.sections:
         lines.append(f"[{section.name}]")
         for panel in section.panels:
@@ -71,8 +92,11 @@ def main(argv: Sequence[str] | None = None) -> ws.Workspace:
     parser.add_argument("--entity", required=True, help="W&B entity (user or team)")
     parser.add_argument("--project", default="locoexp", help="W&B project (logger.project)")
     parser.add_argument("--name", default=DEFAULT_NAME, help="name of the saved view")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="build and print the workspace without saving it (no network)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build and print the workspace without saving it (no network)",
+    )
     args = parser.parse_args(argv)
     workspace = build_workspace(entity=args.entity, project=args.project, name=args.name)
     print(describe_workspace(workspace))

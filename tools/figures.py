@@ -24,27 +24,41 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (Hydra outputs)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
-    parser.add_argument("--target", type=float, default=None,
-                        help="held-out score to charge cost-to-learn at (e.g. 0.85)")
-    parser.add_argument("--warmup-steps", type=int, default=1,
-                        help="first steps left out of the steady-step means (compilation)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="held-out score to charge cost-to-learn at (e.g. 0.85)",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=1,
+        help="first steps left out of the steady-step means (compilation)",
+    )
     args = parser.parse_args(argv)
     plt.switch_backend("Agg")  # files only: no display on servers and in CI
     runs = [read_run(run_dir) for run_dir in args.run_dirs]
     args.out.mkdir(parents=True, exist_ok=True)
-    written = [draw_section(section, runs, out=args.out, target=args.target,
-                            warmup_steps=args.warmup_steps) for section in SECTIONS]
+    written = [
+        draw_section(
+            section, runs, out=args.out, target=args.target, warmup_steps=args.warmup_steps
+        )
+        for section in SECTIONS
+    ]
     for path in written:
         print(path)
     return written
 
 
-def draw_section(section, runs: list[RunRecords], *, out: Path, target: float | None,
-                 warmup_steps: int) -> Path:
+def draw_section(
+    section, runs: list[RunRecords], *, out: Path, target: float | None, warmup_steps: int
+) -> Path:
     panels = list(section.panels)
     extra = section.name == "Cost-to-learn"  # plus the curve the bars are read from
-    fig, axes = plt.subplots(1, len(panels) + extra, figsize=(5 * (len(panels) + extra), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels) + extra, figsize=(5 * (len(panels) + extra), 4), squeeze=False
+    )
     colors = group_colors(runs)
     for ax, panel in zip(axes[0], panels, strict=False):
         ax.set_title(panel.title)
@@ -76,12 +90,20 @@ def draw_lines(ax, panel: Panel, runs: list[RunRecords], colors: dict[str, str])
     drawn = False
     for run in runs:
         for key in panel.ys:
-            points = [(r[STEP_KEY], r[key]) for r in run.steps + run.evals
-                      if isinstance(r.get(key), int | float)]
+            points = [
+                (r[STEP_KEY], r[key])
+                for r in run.steps + run.evals
+                if isinstance(r.get(key), int | float)
+            ]
             if points:
                 xs, ys = zip(*sorted(points), strict=True)
-                ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, color=colors[run.group],
-                        label=f"{run.group} | {run.name}")
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o" if len(xs) < 20 else None,
+                    color=colors[run.group],
+                    label=f"{run.group} | {run.name}",
+                )
                 drawn = True
     ax.set_xlabel("global step")
     finish_axes(ax, drawn, missing=", ".join(panel.ys))
@@ -107,20 +129,29 @@ def steady_mean(run: RunRecords, key: str, warmup_steps: int) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def draw_cost_bars(ax, panel: Panel, runs: list[RunRecords], colors: dict[str, str], *,
-                   target: float | None) -> None:
+def draw_cost_bars(
+    ax, panel: Panel, runs: list[RunRecords], colors: dict[str, str], *, target: float | None
+) -> None:
     if target is None:
         finish_axes(ax, False, missing="--target (the score that charges cost-to-learn)")
         return
     key = panel.ys[0]
     for i, run in enumerate(runs):
-        cost = compute_cost_to_learn(run.checkpoints(), target=target,
-                                     chips=max(run.chips, 1),
-                                     chip_hour_price_usd=run.chip_hour_price_usd).as_metrics()
+        cost = compute_cost_to_learn(
+            run.checkpoints(),
+            target=target,
+            chips=max(run.chips, 1),
+            chip_hour_price_usd=run.chip_hour_price_usd,
+        ).as_metrics()
         if key in cost:
             ax.bar(i, cost[key], color=colors[run.group])
-            ax.annotate(f"step {cost['cost/charged_step']}", (i, cost[key]), ha="center",
-                        va="bottom", fontsize=7)
+            ax.annotate(
+                f"step {cost['cost/charged_step']}",
+                (i, cost[key]),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
         else:
             reason = "unpriced" if cost["cost/reached"] else cost["cost/status"]
             ax.annotate(reason, (i, 0), ha="center", va="bottom", fontsize=8)
@@ -128,16 +159,22 @@ def draw_cost_bars(ax, panel: Panel, runs: list[RunRecords], colors: dict[str, s
     ax.set_xlabel(f"target {target}: first of two consecutive checkpoints that clear it")
 
 
-def draw_accuracy_vs_chip_hours(ax, runs: list[RunRecords], colors: dict[str, str], *,
-                                target: float | None) -> None:
+def draw_accuracy_vs_chip_hours(
+    ax, runs: list[RunRecords], colors: dict[str, str], *, target: float | None
+) -> None:
     ax.set_title("Held-out accuracy against chip-hours")
     drawn = False
     for run in runs:
         checkpoints = run.checkpoints()
         if checkpoints:
             xs = [run.chips * c.elapsed_s / SECONDS_PER_HOUR for c in checkpoints]
-            ax.plot(xs, [c.score for c in checkpoints], marker="o", color=colors[run.group],
-                    label=f"{run.group} | {run.name}")
+            ax.plot(
+                xs,
+                [c.score for c in checkpoints],
+                marker="o",
+                color=colors[run.group],
+                label=f"{run.group} | {run.name}",
+            )
             drawn = True
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", label=f"target {target}")
@@ -150,8 +187,16 @@ def finish_axes(ax, drawn: bool, *, missing: str) -> None:
     if drawn:
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, f"no data: {missing}", ha="center", va="center", fontsize=8,
-                transform=ax.transAxes, wrap=True)
+        ax.text(
+            0.5,
+            0.5,
+            f"no data: {missing}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            transform=ax.transAxes,
+            wrap=True,
+        )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,14 @@ class LoggerConfig:
     mode: WandbMode | None = None
 
     def __post_init__(self):
-        require(self.project.strip() != "",
-                f"logger.project={self.project!r} is invalid: it must name a W&B project.")
-        require(self.job_type.strip() != "",
-                f"logger.job_type={self.job_type!r} is invalid: it must be a word such as 'train'.")
+        require(
+            self.project.strip() != "",
+            f"logger.project={self.project!r} is invalid: it must name a W&B project.",
+        )
+        require(
+            self.job_type.strip() != "",
+            f"logger.job_type={self.job_type!r} is invalid: it must be a word such as 'train'.",
+        )
         require(
             all(0 < len(tag) <= 64 for tag in self.tags),
             f"logger.tags={self.tags} is invalid: W&B tags are 1 to 64 characters long.",

@@ -34,10 +34,17 @@ class CostToLearn:
 
     def as_metrics(self) -> dict[str, float | int | bool | str]:
         """The `cost/*` summary keys; "not reached" leaves only `cost/status` and the target."""
-        metrics = {"cost/target": self.target, "cost/reached": self.reached,
-                   "cost/status": "reached" if self.reached else "not reached"}
-        optional = {"cost/charged_step": self.charged_step, "cost/elapsed_s": self.elapsed_s,
-                    "cost/chip_hours": self.chip_hours, "cost/usd": self.usd}
+        metrics = {
+            "cost/target": self.target,
+            "cost/reached": self.reached,
+            "cost/status": "reached" if self.reached else "not reached",
+        }
+        optional = {
+            "cost/charged_step": self.charged_step,
+            "cost/elapsed_s": self.elapsed_s,
+            "cost/chip_hours": self.chip_hours,
+            "cost/usd": self.usd,
+        }
         metrics.update({key: value for key, value in optional.items() if value is not None})
         return metrics
 
@@ -65,16 +72,19 @@ def compute_cell_cost_to_learn(
     """A cell's cost-to-learn: seeds scored at the same steps, pooled by mean score (equal
     held-out sets, as in Table I3), charged at one checkpoint, chip-hours summed over seeds."""
     if chips < 1 or chip_hour_price_usd < 0:
-        raise ValueError(f"chips={chips} must be >= 1 and chip_hour_price_usd="
-                         f"{chip_hour_price_usd} >= 0.")
+        raise ValueError(
+            f"chips={chips} must be >= 1 and chip_hour_price_usd={chip_hour_price_usd} >= 0."
+        )
     if not seeds:
         raise ValueError("compute_cell_cost_to_learn needs at least one seed's checkpoints.")
     steps = [c.step for c in seeds[0]]
     for seed, checkpoints in enumerate(seeds):
         _check_checkpoints(checkpoints)
         if [c.step for c in checkpoints] != steps:
-            raise ValueError(f"seed {seed} is scored at steps {[c.step for c in checkpoints]}, "
-                             f"seed 0 at {steps}: a cell's seeds must share their checkpoints.")
+            raise ValueError(
+                f"seed {seed} is scored at steps {[c.step for c in checkpoints]}, "
+                f"seed 0 at {steps}: a cell's seeds must share their checkpoints."
+            )
     pooled = [sum(s[i].score for s in seeds) / len(seeds) for i in range(len(steps))]
     index = find_charged_index(pooled, target=target)
     if index is None:
@@ -82,28 +92,40 @@ def compute_cell_cost_to_learn(
     elapsed_s = sum(checkpoints[index].elapsed_s for checkpoints in seeds)
     chip_hours = chips * elapsed_s / SECONDS_PER_HOUR
     usd = chip_hours * chip_hour_price_usd if chip_hour_price_usd > 0 else None
-    return CostToLearn(target=target, reached=True, charged_step=steps[index],
-                       elapsed_s=elapsed_s, chip_hours=chip_hours, usd=usd)
+    return CostToLearn(
+        target=target,
+        reached=True,
+        charged_step=steps[index],
+        elapsed_s=elapsed_s,
+        chip_hours=chip_hours,
+        usd=usd,
+    )
 
 
 def _check_checkpoints(checkpoints: Sequence[Checkpoint]) -> None:
     for before, after in zip(checkpoints, checkpoints[1:], strict=False):
         if after.step <= before.step or after.elapsed_s < before.elapsed_s:
-            raise ValueError(f"checkpoints must rise in step and elapsed time: step {before.step} "
-                             f"at {before.elapsed_s} s is followed by step {after.step} at "
-                             f"{after.elapsed_s} s.")
+            raise ValueError(
+                f"checkpoints must rise in step and elapsed time: step {before.step} "
+                f"at {before.elapsed_s} s is followed by step {after.step} at "
+                f"{after.elapsed_s} s."
+            )
 
 
-def checkpoints_from_records(records: Iterable[Mapping], *, score_key: str = "eval/accuracy"
-                             ) -> list[Checkpoint]:
+def checkpoints_from_records(
+    records: Iterable[Mapping], *, score_key: str = "eval/accuracy"
+) -> list[Checkpoint]:
     """Scored checkpoints from metrics.jsonl records.
 
     An eval record carries `step` and `score_key`; its elapsed time is its own `time/elapsed_s`
     when present, else that of the step record with the same `step` (the update it scored).
     """
     records = list(records)
-    step_elapsed = {r["step"]: r["time/elapsed_s"] for r in records
-                    if "time/elapsed_s" in r and score_key not in r}
+    step_elapsed = {
+        r["step"]: r["time/elapsed_s"]
+        for r in records
+        if "time/elapsed_s" in r and score_key not in r
+    }
     checkpoints = []
     for record in records:
         if score_key not in record:
@@ -111,8 +133,11 @@ def checkpoints_from_records(records: Iterable[Mapping], *, score_key: str = "ev
         step = int(record["step"])
         elapsed_s = record.get("time/elapsed_s", step_elapsed.get(step))
         if elapsed_s is None:
-            raise ValueError(f"eval record at step {step} has no time/elapsed_s and no step "
-                             f"record at step {step} gives one.")
-        checkpoints.append(Checkpoint(step=step, elapsed_s=float(elapsed_s),
-                                      score=float(record[score_key])))
+            raise ValueError(
+                f"eval record at step {step} has no time/elapsed_s and no step "
+                f"record at step {step} gives one."
+            )
+        checkpoints.append(
+            Checkpoint(step=step, elapsed_s=float(elapsed_s), score=float(record[score_key]))
+        )
     return sorted(checkpoints, key=lambda c: c.step)

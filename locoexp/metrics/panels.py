@@ -38,26 +38,67 @@ class Section:
 
 
 SECTIONS = (
-    Section(name="Step time", panels=(
-        Panel(title="Step time by phase", kind=PanelKind.stacked, ys=PHASE_KEYS,
-              y_label="seconds per step"),
-        Panel(title="Step time", kind=PanelKind.line, ys=("timing/step_s",),
-              y_label="seconds per step"),
-        Panel(title="Host-orchestration share", kind=PanelKind.line,
-              ys=("timing/host_orchestration_share",), y_label="share of step time"),
-        Panel(title="Decode time per iteration", kind=PanelKind.line,
-              ys=("rollout/decode_s_per_iteration",), y_label="seconds per decode iteration"),
-    )),
-    Section(name="Learning", panels=(
-        Panel(title="Reward", kind=PanelKind.line, ys=("rollout/reward_mean",),
-              y_label="mean reward"),
-        Panel(title="Held-out accuracy", kind=PanelKind.line, ys=("eval/accuracy",),
-              y_label="accuracy"),
-    )),
-    Section(name="Cost-to-learn", panels=(
-        Panel(title="Chip-hours to the target", kind=PanelKind.bar, ys=("cost/chip_hours",),
-              y_label="chip-hours (Appendix I.1)"),
-        Panel(title="Cost to the target", kind=PanelKind.bar, ys=("cost/usd",),
-              y_label="USD at the hardware's chip-hour price"),
-    )),
+    Section(
+        name="Step time",
+        panels=(
+            Panel(
+                title="Step time by phase",
+                kind=PanelKind.stacked,
+                ys=PHASE_KEYS,
+                y_label="seconds per step",
+            ),
+            Panel(
+                title="Step time",
+                kind=PanelKind.line,
+                ys=("timing/step_s",),
+                y_label="seconds per step",
+            ),
+            Panel(
+                title="Host-orchestration share",
+                kind=PanelKind.line,
+                ys=("timing/host_orchestration_share",),
+                y_label="share of step time",
+            ),
+            Panel(
+                title="Decode time per iteration",
+                kind=PanelKind.line,
+                ys=("rollout/decode_s_per_iteration",),
+                y_label="seconds per decode iteration",
+            ),
+        ),
+    ),
+    Section(
+        name="Learning",
+        panels=(
+            Panel(
+                title="Reward",
+                kind=PanelKind.line,
+                ys=("rollout/reward_mean",),
+                y_label="mean reward",
+            ),
+            Panel(
+                title="Held-out accuracy",
+                kind=PanelKind.line,
+                ys=("eval/accuracy",),
+                y_label="accuracy",
+            ),
+        ),
+    ),
+    Section(
+        name="Cost-to-learn",
+        panels=(
+            Panel(
+                title="Chip-hours to the target",
+                kind=PanelKind.bar,
+                ys=("cost/chip_hours",),
+                y_label="chip-hours (Appendix I.1)",
+            ),
+            Panel(
+                title="Cost to the target",
+                kind=PanelKind.bar,
+                ys=("cost/usd",),
+                y_label="USD at the hardware's chip-hour price",
+            ),
+        ),
+    ),
 )

@@ -90,13 +90,25 @@ def build_logger(
         case LoggerKind.none:
             return NullLogger()
         case LoggerKind.wandb:
-            return WandbLogger(start_wandb_run(config, run_dir=Path(run_dir),
-                                               resolved_config=resolved_config,
-                                               run_name=run_name, sweep_name=sweep_name))
+            return WandbLogger(
+                start_wandb_run(
+                    config,
+                    run_dir=Path(run_dir),
+                    resolved_config=resolved_config,
+                    run_name=run_name,
+                    sweep_name=sweep_name,
+                )
+            )
 
 
-def start_wandb_run(config: LoggerConfig, *, run_dir: Path, resolved_config: dict[str, Any],
-                    run_name: str, sweep_name: str | None) -> "wandb.Run":
+def start_wandb_run(
+    config: LoggerConfig,
+    *,
+    run_dir: Path,
+    resolved_config: dict[str, Any],
+    run_name: str,
+    sweep_name: str | None,
+) -> "wandb.Run":
     run_dir.mkdir(parents=True, exist_ok=True)
     return wandb.init(
         project=config.project,
