@@ -1,0 +1,286 @@
+"""Hugging Face checkpoint directories <-> the NNX decoder, and `load_model`.
+
+A checkpoint directory is what `save_pretrained` writes and what users download: `config.json`
+plus `model.safetensors`, or shards listed in `model.safetensors.index.json`. Loading checks the
+directory's architecture against the selected `ModelConfig` (the YAML option is the source of
+truth; the checkpoint must match it), maps tensor names, transposes linear weights (HF Linear
+stores [out, in]; NNX kernels are [in, out]) and casts to `model.param_dtype`. Saving writes the
+same format back, so transformers can load what locoexp trained.
+
+Weights go through `safetensors` only: never pickle, never a hub download.
+"""
+
+import json
+import math
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from locoexp.errors import ConfigError, require
+from locoexp.model.config import ModelConfig
+from locoexp.model.transformer import Transformer, build_model
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+Path = tuple[
+    str | int, ...
+]  # an NNX parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel")
+_LINEAR = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+_NNX_PARENT = {"self_attn": "attn", "mlp": "mlp"}
+
+
+def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
+    """HF tensor name -> (NNX parameter path, whether the HF tensor is a transposed kernel)."""
+    names: dict[str, tuple[Path, bool]] = {
+        "model.embed_tokens.weight": (("embed", "embedding"), False),
+        "model.norm.weight": (("final_norm", "scale"), False),
+    }
+    if not config.tie_embeddings:
+        names["lm_head.weight"] = (("lm_head", "kernel"), True)
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}."
+        for proj, parent in _LINEAR.items():
+            names[f"{prefix}{parent}.{proj}.weight"] = (
+                ("layers", i, _NNX_PARENT[parent], proj, "kernel"),
+                True,
+            )
+        norms = {
+            "input_layernorm": ("input_norm",),
+            "post_attention_layernorm": ("post_attn_norm",),
+        }
+        if config.qk_norm:
+            norms |= {
+                "self_attn.q_norm": ("attn", "q_norm"),
+                "self_attn.k_norm": ("attn", "k_norm"),
+            }
+        for hf_name, nnx_path in norms.items():
+            names[f"{prefix}{hf_name}.weight"] = (("layers", i, *nnx_path, "scale"), False)
+    return names
+
+
+def hf_config(config: ModelConfig) -> dict:
+    """The config.json of `config`, in the keys Qwen3 / Llama checkpoints on the hub use."""
+    rope_scaling = None
+    if config.rope_scaling_factor != 1.0:
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": config.rope_scaling_factor,
+            "low_freq_factor": config.rope_low_freq_factor,
+            "high_freq_factor": config.rope_high_freq_factor,
+            "original_max_position_embeddings": config.rope_original_max_positions,
+        }
+    model_type = "qwen3" if config.qk_norm else "llama"
+    return {
+        "architectures": ["Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_dim,
+        "intermediate_size": config.mlp_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": config.param_dtype.value,
+    }
+
+
+def _rope(hf: dict) -> dict:
+    """Rope settings from transformers 5 `rope_parameters` or 4.x `rope_theta` + `rope_scaling`."""
+    rope = dict(hf.get("rope_parameters") or {})
+    rope.setdefault("rope_theta", hf.get("rope_theta", 10_000.0))
+    rope.update(hf.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    require(
+        rope_type in ("default", "llama3"),
+        f"config.json rope_type={rope_type!r} is not supported: locoexp implements "
+        "'default' and 'llama3'.",
+    )
+    if rope_type == "default":
+        return {"rope_theta": rope["rope_theta"], "rope_scaling_factor": 1.0}
+    return {
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling_factor": rope["factor"],
+        "rope_low_freq_factor": rope["low_freq_factor"],
+        "rope_high_freq_factor": rope["high_freq_factor"],
+        "rope_original_max_positions": rope["original_max_position_embeddings"],
+    }
+
+
+def architecture_of(hf: dict) -> dict:
+    """config.json -> the `ModelConfig` fields it determines (same names as the schema)."""
+    model_type = hf.get("model_type")
+    require(
+        model_type in ("qwen3", "llama"),
+        f"config.json model_type={model_type!r} is not supported: locoexp loads "
+        "'qwen3' and 'llama'.",
+    )
+    require(
+        not hf.get("attention_bias", False) and not hf.get("mlp_bias", False),
+        "config.json has attention_bias or mlp_bias set: the locoexp decoder has no biases.",
+    )
+    require(
+        hf.get("hidden_act", "silu") == "silu",
+        f"config.json hidden_act={hf.get('hidden_act')!r} is not supported: "
+        "the MLP is SwiGLU (silu).",
+    )
+    heads = hf["num_attention_heads"]
+    return {
+        "vocab_size": hf["vocab_size"],
+        "num_layers": hf["num_hidden_layers"],
+        "hidden_dim": hf["hidden_size"],
+        "mlp_dim": hf["intermediate_size"],
+        "num_heads": heads,
+        "num_kv_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "rms_norm_eps": hf["rms_norm_eps"],
+        "qk_norm": model_type == "qwen3",
+        "tie_embeddings": hf.get("tie_word_embeddings", False),
+        **_rope(hf),
+    }
+
+
+def check_architecture(hf: dict, config: ModelConfig, directory: str) -> None:
+    """Raise ConfigError naming every key where config.json and the selected model disagree."""
+    mismatches = []
+    for key, value in architecture_of(hf).items():
+        selected = getattr(config, key)
+        same = (
+            math.isclose(value, selected, rel_tol=1e-9)
+            if isinstance(value, float)
+            else value == selected
+        )
+        if not same:
+            mismatches.append(f"model.{key}={selected} but the checkpoint has {value}")
+    require(
+        not mismatches,
+        f"model.checkpoint={directory} does not match the selected model "
+        f"model.name={config.name}: {'; '.join(mismatches)}; select the matching model option "
+        "or override these keys.",
+    )
+
+
+def _shard_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    if (directory / INDEX_FILE).is_file():
+        weight_map = json.loads((directory / INDEX_FILE).read_text())["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    require(
+        (directory / SINGLE_FILE).is_file(),
+        f"model.checkpoint={directory} has neither {SINGLE_FILE} nor {INDEX_FILE}.",
+    )
+    return [directory / SINGLE_FILE]
+
+
+def _ignored(name: str, config: ModelConfig) -> bool:
+    """Tensors a valid checkpoint may carry that the model does not hold."""
+    return name.endswith("rotary_emb.inv_freq") or (
+        name == "lm_head.weight" and config.tie_embeddings
+    )
+
+
+def read_parameters(directory: pathlib.Path, config: ModelConfig) -> dict[Path, np.ndarray]:
+    """All parameters of the checkpoint as NNX-layout numpy arrays keyed by NNX path."""
+    names = tensor_names(config)
+    params: dict[Path, np.ndarray] = {}
+    for file in _shard_files(directory):
+        require(
+            file.is_file(), f"model.checkpoint={directory} lists the missing shard {file.name}."
+        )
+        with safe_open(str(file), framework="numpy") as shard:
+            for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if _ignored(name, config):
+                    continue
+                require(
+                    name in names, f"model.checkpoint={directory} has the unexpected tensor {name}."
+                )
+                path, transpose = names[name]
+                tensor = shard.get_tensor(name)
+                params[path] = tensor.T if transpose else tensor
+    missing = sorted(name for name, (path, _) in names.items() if path not in params)
+    require(
+        not missing, f"model.checkpoint={directory} lacks the tensor(s) {', '.join(missing[:5])}."
+    )
+    return params
+
+
+def load_checkpoint(config: ModelConfig, directory: str) -> Transformer:
+    """The decoder with the weights of a Hugging Face checkpoint directory."""
+    path = pathlib.Path(directory)
+    require(path.is_dir(), f"model.checkpoint={directory} is not a directory.")
+    require((path / CONFIG_FILE).is_file(), f"model.checkpoint={directory} has no {CONFIG_FILE}.")
+    check_architecture(json.loads((path / CONFIG_FILE).read_text()), config, directory)
+    params = read_parameters(path, config)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
+    leaves = []
+    for key, variable in nnx.to_flat_state(state):
+        array = params[key]
+        require(
+            array.shape == variable.shape,
+            f"model.checkpoint={directory}: parameter {'.'.join(map(str, key))} has shape "
+            f"{array.shape}, but the selected model needs {variable.shape}.",
+        )
+        leaves.append((key, variable.replace(jnp.asarray(array, variable.dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def save_checkpoint(
+    model: Transformer, config: ModelConfig, directory: str, *, max_shard_bytes: int = 4 << 30
+) -> None:
+    """Write config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
+    path = pathlib.Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    state = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, (key, transpose) in tensor_names(config).items():
+        array = np.asarray(state[key][...])
+        array = np.ascontiguousarray(array.T if transpose else array)
+        if shards[-1] and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += array.nbytes
+    (path / CONFIG_FILE).write_text(json.dumps(hf_config(config), indent=2) + "\n")
+    if len(shards) == 1:
+        save_file(shards[0], str(path / SINGLE_FILE), metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(shard, file)
+        total += sum(a.nbytes for a in shard.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def load_model(config: ModelConfig, *, seed: int) -> Transformer:
+    """Random init when `config.checkpoint` is None, else the weights of that directory."""
+    if config.checkpoint is None:
+        return build_model(config, seed=seed)
+    if not pathlib.Path(config.checkpoint).is_dir():
+        raise ConfigError(
+            f"model.checkpoint={config.checkpoint} is not a directory: give a local Hugging Face "
+            "checkpoint directory (config.json + safetensors) or null for random init."
+        )
+    return load_checkpoint(config, config.checkpoint)
