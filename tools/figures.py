@@ -1,6 +1,6 @@
 """Draw the report's panels as PNG figures from local run directories (no W&B account needed).
 
-    python tools/figures.py RUN_DIR [RUN_DIR ...] --out DIR [--target 0.85] [--warmup-steps 1]
+    python tools/figures.py RUN_DIR [RUN_DIR ...] --out DIR [--target 0.85] [--warmup-steps 2]
 
 One figure per section of locoexp/metrics/panels.py (the same panels as the W&B workspace):
 step_time.png (phase breakdown as stacked bars of steady-step means, one bar per run, and the
@@ -33,8 +33,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument(
         "--warmup-steps",
         type=int,
-        default=1,
-        help="first steps left out of the steady-step means (compilation)",
+        default=2,
+        help="first steps left out of the steady-step means (compilation: step 0 compiles "
+        "rollout and train, step 1 often recompiles)",
     )
     args = parser.parse_args(argv)
     plt.switch_backend("Agg")  # files only: no display on servers and in CI
