@@ -1,14 +1,44 @@
-"""`build_task`: the one place a `DatasetKind` becomes a `Task` (the enum is the registry)."""
+"""`build_task`: the one place a `DatasetKind` becomes a `Task` (the enum is the registry).
+
+The real workloads tokenize with the checkpoint's own tokenizer when `tokenizer_dir` (the
+model's checkpoint directory) has tokenizer files, else with the real Qwen3 tokenizer offline.
+"""
 
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.synthetic import ReverseDigitsTask
 from locoexp.dataset.task import Task
 
 
-def build_task(config: DatasetConfig) -> Task:
+def build_task(config: DatasetConfig, *, tokenizer_dir: str | None = None) -> Task:
     """Load, render and tokenize the prompts of `config` (once, at start-up)."""
+    from locoexp.dataset.math_task import build_math_task
+    from locoexp.dataset.swe_task import build_swe_task
+    from locoexp.reward.math import extract_last_boxed, gsm8k_gold
+    from locoexp.tokenizer import build_tokenizer
+
     match config.kind:
         case DatasetKind.synthetic:
             return ReverseDigitsTask(config.synthetic, seed=config.seed)
-        case _:
-            raise NotImplementedError(f"dataset.kind={config.kind.value} is not built yet")
+        case DatasetKind.gsm8k:
+            return build_math_task(
+                config,
+                build_tokenizer(tokenizer_dir),
+                problem_column="question",
+                gold=lambda row: gsm8k_gold(str(row["answer"])),
+            )
+        case DatasetKind.numinamath_cot:
+            return build_math_task(
+                config,
+                build_tokenizer(tokenizer_dir),
+                problem_column="problem",
+                gold=lambda row: extract_last_boxed(str(row["solution"])),
+            )
+        case DatasetKind.openmathinstruct2:
+            return build_math_task(
+                config,
+                build_tokenizer(tokenizer_dir),
+                problem_column="problem",
+                gold=lambda row: str(row["expected_answer"]).strip() or None,
+            )
+        case DatasetKind.swe_agent:
+            return build_swe_task(config, build_tokenizer(tokenizer_dir))

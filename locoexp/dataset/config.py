@@ -18,6 +18,11 @@ class DatasetKind(enum.Enum):
     openmathinstruct2 = "openmathinstruct2"
 
 
+MATH_PROMPT_TEMPLATE = (
+    "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
+)
+
+
 class LongPrompts(enum.Enum):
     """What to do with a prompt longer than `max_prompt_tokens` (counted in metrics either way)."""
 
@@ -59,11 +64,17 @@ class DatasetConfig:
     data_files: str | None = None  # local file(s) of the training split
     eval_data_files: str | None = None  # local file(s) of the held-out split
     train_split: str = "train"
-    eval_split: str = "test"
+    eval_split: str | None = "test"  # None = the source has no held-out split
     thinking: bool = False  # Qwen3 chat template thinking mode
     max_prompt_tokens: int = 16  # prompt cap
     max_new_tokens: int = 8  # response cap
     long_prompts: LongPrompts = LongPrompts.truncate
+    # The user turn of a math prompt; `{problem}` is replaced by the problem text (SWE-agent
+    # prompts are the trajectory itself and ignore it). Qwen's recommended math instruction.
+    prompt_template: str = MATH_PROMPT_TEMPLATE
+    # Use only the first N rows of the training split (Table I3: GSM8K's first 7,424 rows);
+    # None = all rows. Applied as a `datasets` split slice, before prompts are rendered.
+    max_train_rows: int | None = None
     prompts_per_step: int = 16  # B
     samples_per_prompt: int = 8  # G, the GRPO group size
     seed: int = 0  # prompt order
@@ -82,6 +93,14 @@ class DatasetConfig:
         require(
             self.batches_per_pass is None or self.batches_per_pass >= 1,
             f"dataset.batches_per_pass={self.batches_per_pass} must be a positive integer or null.",
+        )
+        require(
+            "{problem}" in self.prompt_template,
+            f"dataset.prompt_template={self.prompt_template!r} must contain {{problem}}.",
+        )
+        require(
+            self.max_train_rows is None or self.max_train_rows >= 1,
+            f"dataset.max_train_rows={self.max_train_rows} must be a positive integer or null.",
         )
         require(self.reward_workers >= 0, f"dataset.reward_workers={self.reward_workers} must be >= 0.")
         require(

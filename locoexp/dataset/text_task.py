@@ -1,0 +1,45 @@
+"""`TextTask`: the `Task` of every real workload: chat prompts in, responses graded as text.
+
+Completions arrive as token ids (ending with EOS when one was emitted); they are decoded without
+EOS and padding and graded against `Example.answer` by a `RewardScorer` (in process, or in a
+process pool with `dataset.reward_workers > 0`).
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from locoexp.dataset.task import Example
+from locoexp.reward.scorer import RewardScorer
+from locoexp.tokenizer import ChatTokenizer
+
+
+class TextTask:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        train: Sequence[Example],
+        eval: Sequence[Example],
+        long_prompts: int,
+        scorer: RewardScorer,
+    ):
+        self.tokenizer = tokenizer
+        self.train = train
+        self.eval = eval
+        self.long_prompts = long_prompts  # over the cap in train + eval, dropped or truncated
+        self.scorer = scorer
+
+    def response_text(self, completion: np.ndarray) -> str:
+        ids = [int(i) for i in completion]
+        if self.tokenizer.eos_id in ids:
+            ids = ids[: ids.index(self.tokenizer.eos_id)]
+        return self.tokenizer.decode([i for i in ids if i != self.tokenizer.pad_id])
+
+    def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
+        """Rewards [N] float32 in [0, 1]."""
+        texts = [self.response_text(c) for c in completions]
+        return self.scorer([e.answer for e in examples], texts)
+
+    def is_correct(self, rewards: np.ndarray) -> np.ndarray:
+        return rewards >= 1.0
