@@ -16,6 +16,7 @@ from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
+from locoexp.trainer.config import TrainerConfig
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -28,16 +29,20 @@ class Config:
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
     split: float | None = None
     seed: int = 0  # model init and sampling
     steps: int = 120  # optimizer updates (one per batch)
     eval_every_steps: int = 0  # held-out evaluation period; 0 = only after the last step
+    # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
+    eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
 
     def __post_init__(self):
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0.")
+        require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
         if self.placement.kind is not PlacementKind.da:
             require(
                 self.split is None,

@@ -198,5 +198,9 @@ def causal_segment_mask(segment_ids: Array) -> Array:
 
 
 def build_model(config: ModelConfig, *, seed: int) -> Transformer:
-    """A randomly initialised decoder (checkpoint loading lives in `locoexp.model.checkpoint`)."""
-    return Transformer(config, rngs=nnx.Rngs(params=seed))
+    """A randomly initialised decoder (checkpoint loading lives in `locoexp.model.checkpoint`).
+
+    Initialised inside one jitted program: eager init would compile one small program per
+    parameter shape (seconds of start-up for a 2-layer model).
+    """
+    return nnx.jit(lambda: Transformer(config, rngs=nnx.Rngs(params=seed)))()

@@ -79,9 +79,20 @@ class Trainer:
         # a copy: the step donates self.params, which must not free the reference
         self.reference = jax.tree.map(jnp.copy, self.params) if algo.kl_coef > 0 else None
         self.optimizer = build_optimizer(algo)
-        self.opt_state = jax.jit(self.optimizer.init)(self.params)
+        # Optimizer moments shard like their parameters; counters are replicated. Fixing the
+        # output shardings keeps every step's inputs identical to the first's (one compile).
+        replicated = NamedSharding(mesh, PS())
+        self.opt_shardings = optax.tree_map_params(
+            self.optimizer, lambda _, sharding: sharding,
+            jax.eval_shape(self.optimizer.init, params), self.param_shardings,
+            transform_non_params=lambda _: replicated,
+        )
+        self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(self.params)
         self.steps_done = 0
-        self._step = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._step = jax.jit(
+            self._train_step, donate_argnums=(0, 1),
+            out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+        )
         self._logprobs = jax.jit(self._logprobs_fn)
 
     @property

@@ -1,0 +1,65 @@
+"""The run's canonical record: `metrics.jsonl`, one JSON line per step, flushed every line.
+
+Also the progress bar and the end-of-run summary a person reads. W&B gets the same records
+through `locoexp.metrics.wandb_logger`; this file is written whatever the logger.
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsFile:
+    """Appends records to `<run_dir>/metrics.jsonl` (kept across restarts of the same run)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+    """A progress bar with step, reward and step time."""
+
+    def __init__(self, total: int, *, enabled: bool):
+        self._bar = tqdm(total=total, desc="grpo", unit="step", disable=not enabled, dynamic_ncols=True)
+
+    def update(self, record: dict[str, Any]) -> None:
+        self._bar.set_postfix(
+            reward=f"{record.get('rollout/reward_mean', float('nan')):.3f}",
+            step_s=f"{record.get('timing/step_s', float('nan')):.2f}",
+            refresh=False,
+        )
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few lines a person reads at the end of a run."""
+    lines = ["run summary:"]
+    for key, value in summary.items():
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        lines.append(f"  {key:<28} {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""The phases of one step (the paper's Algorithm 1), shared by every placement.
+
+admission -> generation -> reward + group advantage -> pack -> train -> publish -> log.
+Each phase is a plain function of runtime objects; a placement composes them (and decides where
+each runs), it never re-implements one. Shapes: B prompts on this host, G samples per prompt,
+N = B * G requests.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from locoexp.algo.config import AdvantageKind
+from locoexp.algo.grpo import compute_group_advantages
+from locoexp.dataset.schedule import PromptSchedule
+from locoexp.dataset.task import Example, Task
+from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
+from locoexp.trainer.packing import PackedBatch, pack_sequences
+
+
+@dataclasses.dataclass(frozen=True)
+class Admitted:
+    """A host's share of one step: B examples and their N = B * G requests (groups contiguous)."""
+
+    examples: list[Example]
+    requests: list[np.ndarray]
+    group_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    rewards: np.ndarray  # [B, G]
+    advantages: np.ndarray  # [B, G]
+
+
+def split_across_hosts(indices: np.ndarray, lengths: np.ndarray, hosts: int, *, balance: bool) -> list[np.ndarray]:
+    """Give each host B/H prompts. O3 (Table B1): greedy longest-first to the lightest host,
+    so total prompt length per host is balanced; otherwise contiguous slices."""
+    per_host = len(indices) // hosts
+    if not balance:
+        return [indices[h * per_host : (h + 1) * per_host] for h in range(hosts)]
+    loads, shares = np.zeros(hosts), [[] for _ in range(hosts)]
+    for i in np.argsort(-lengths, kind="stable"):
+        open_hosts = [h for h in range(hosts) if len(shares[h]) < per_host]
+        h = min(open_hosts, key=lambda j: loads[j])
+        shares[h].append(indices[i])
+        loads[h] += lengths[i]
+    return [np.array(s, dtype=indices.dtype) for s in shares]
+
+
+def admit(task: Task, schedule: PromptSchedule, step: int, *, host: int, hosts: int,
+          group_size: int, balance: bool) -> Admitted:
+    """Admission: this host's P/H prompts of the step and their P*G/H requests."""
+    indices = schedule.batch(step)
+    lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
+    mine = split_across_hosts(indices, lengths, hosts, balance=balance)[host]
+    examples = [task.train[i] for i in mine]
+    requests = [e.prompt_tokens for e in examples for _ in range(group_size)]
+    return Admitted(examples=examples, requests=requests, group_size=group_size)
+
+
+def generate(engine: JaxEngine, admitted: Admitted, *, key: jax.Array, max_new_tokens: int,
+             sampling: SamplingParams) -> Rollout:
+    """Generation: the local engine completes every admitted request."""
+    return engine.generate(admitted.requests, key=key, max_new_tokens=max_new_tokens, sampling=sampling)
+
+
+def score(task: Task, admitted: Admitted, rollout: Rollout, *, advantage: AdvantageKind, eps: float) -> Scored:
+    """Reward and group advantage, on the host that generated the group (no communication)."""
+    examples = [e for e in admitted.examples for _ in range(admitted.group_size)]
+    completions = [rollout.completion(n) for n in range(len(examples))]
+    rewards = task.score(examples, completions).reshape(-1, admitted.group_size)
+    return Scored(rewards=rewards, advantages=compute_group_advantages(rewards, advantage, eps))
+
+
+def pack(admitted: Admitted, rollout: Rollout, scored: Scored, *, row_tokens: int,
+         rows_multiple: int, min_rows: int = 0, loss_slots: int | None = None) -> PackedBatch:
+    """Pack: fixed-length rows; `min_rows` is what the hosts agreed on for the padded count."""
+    n = len(admitted.requests)
+    return pack_sequences(
+        list(admitted.requests),
+        [rollout.completion(i) for i in range(n)],
+        [rollout.logprobs[i, : rollout.lengths[i]] for i in range(n)],
+        scored.advantages.reshape(-1),
+        row_tokens=row_tokens, rows_multiple=rows_multiple, min_rows=min_rows, loss_slots=loss_slots,
+    )
+
+
+def publish(params, engine: JaxEngine, *, one_call: bool) -> None:
+    """Weight publication: updated weights into the local engine (O4: in one call)."""
+    if one_call:
+        engine.load_weights(params)
+    else:
+        engine.load_weights_per_layer(params)
+    jax.block_until_ready(engine.params)
+
+
+def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dict[str, float]:
+    """Equal-work fields (Section 3.3) and reward of this host's share."""
+    prompt_lengths = np.array([len(r) for r in admitted.requests])
+    return {
+        "rollout/reward_mean": float(scored.rewards.mean()),
+        "rollout/prompt_tokens_mean": float(prompt_lengths.mean()),
+        "rollout/completion_tokens_mean": float(rollout.lengths.mean()),
+        "rollout/completion_tokens_max": int(rollout.lengths.max()),
+        "rollout/truncated_share": float(rollout.truncated.mean()),
+        "rollout/tokens_in": int(prompt_lengths.sum()),
+        "rollout/tokens_out": int(rollout.lengths.sum()),
+        "rollout/decode_iterations": rollout.decode_iterations,
+        "rollout/waves": rollout.waves,
+    }
+
+
+def evaluate(task: Task, engine: JaxEngine, examples: Sequence[Example], *, key: jax.Array,
+             max_new_tokens: int, sampling: SamplingParams) -> float:
+    """Held-out accuracy: one sample per prompt at the evaluation temperature."""
+    rollout = engine.generate([e.prompt_tokens for e in examples], key=key,
+                              max_new_tokens=max_new_tokens, sampling=sampling)
+    rewards = task.score(list(examples), [rollout.completion(n) for n in range(len(examples))])
+    return float(task.is_correct(rewards).mean())

@@ -1,0 +1,92 @@
+"""Entry point: compose the Hydra config, convert it to the typed `Config`, call `locoexp.main.run`.
+
+    python run.py                                   # the embedded default (tiny model, CPU)
+    python run.py model=qwen3_0_6b dataset=gsm8k placement=da split=0.25
+    python run.py -m algo=grpo,dr_grpo seed=0,1     # a sweep (Hydra multirun)
+
+This is the only module that imports Hydra. Bad input is reported as one sentence on stderr
+with exit code 2 and no traceback, before Hydra creates the run directory.
+"""
+
+import itertools
+import sys
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from locoexp.config import Config
+from locoexp.errors import ConfigError
+
+CONFIG_DIR = "conf"
+ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    return OmegaConf.to_object(cfg)
+
+
+def _hydra_message(error: Exception) -> str:
+    """Hydra/OmegaConf errors -> one sentence naming the key and what is valid."""
+    text = " ".join(str(error).split())
+    for marker in ("Set the environment variable HYDRA_FULL_ERROR",):
+        text = text.split(marker)[0].strip()
+    return text
+
+
+def _job_overrides(argv: list[str]) -> list[str]:
+    return [a for a in argv if not a.startswith("-") and not a.startswith("hydra.") and "=" in a
+            or (not a.startswith("-") and a.startswith("~"))]
+
+
+def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
+    """Every job of a multirun, as plain overrides, so each can be checked before any runs."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for o in parsed:
+        key = o.get_key_element()
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices.append([f"{key}={v}" for v in values])
+    return [list(c) for c in itertools.product(*choices)]
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose and validate every job before Hydra starts, so bad input writes nothing."""
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    with initialize_config_dir(config_dir=str(Path(__file__).parent / CONFIG_DIR), version_base="1.3"):
+        for overrides in _sweep_combinations(_job_overrides(argv)):
+            to_config(compose(config_name="config", overrides=overrides))
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from locoexp.main import run  # noqa: PLC0415  (jax loads only once the config is valid)
+
+    hydra_cfg = HydraConfig.get()
+    sweep = hydra_cfg.sweep.dir if hydra_cfg.mode.name == "MULTIRUN" else None
+    run(to_config(cfg), run_dir=hydra_cfg.runtime.output_dir,
+        resolved_config=OmegaConf.to_container(cfg, resolve=True),
+        sweep_name=None if sweep is None else sweep.rstrip("/").split("/")[-1])
+
+
+def cli() -> None:
+    try:
+        preflight(sys.argv[1:])
+    except (ConfigError, OmegaConfBaseException, hydra.errors.HydraException, ValueError) as error:
+        message = str(error) if isinstance(error, ConfigError) else _hydra_message(error)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        main()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    cli()
