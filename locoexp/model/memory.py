@@ -42,7 +42,7 @@ from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
-from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.model.sizes import count_block_parameters, count_parameters_by_formula
 from locoexp.rollout.config import RolloutConfig
 
 GIB = 2**30
@@ -142,10 +142,6 @@ def estimate_trainer_memory(
     shard = math.ceil(n / devices) * a
     row_tokens = dataset.max_prompt_tokens + dataset.max_new_tokens
     rows = math.ceil(dataset.prompts_per_step * dataset.samples_per_prompt / devices)
-    one_layer = dataclasses.replace(model, num_layers=1, vocab_size=1, tie_embeddings=True)
-    block = (
-        count_parameters_by_formula(one_layer) - 2 * model.hidden_dim
-    )  # no embedding, final norm
     return TrainerMemory(
         devices=devices,
         rows=rows,
@@ -153,7 +149,7 @@ def estimate_trainer_memory(
         params=shard,
         gradients=shard,
         optimizer=2 * shard,
-        gathered_block=block * a,
+        gathered_block=count_block_parameters(model) * a,
         activations=rows * row_tokens * activation_bytes_per_token(model, row_tokens),
     )
 

@@ -45,11 +45,19 @@ def count_embedding_parameters(config: ModelConfig) -> int:
     return tables * config.vocab_size * config.hidden_dim
 
 
-def count_parameters_by_formula(config: ModelConfig) -> int:
-    """Closed form: embeddings + L x (attention + SwiGLU MLP + norms) + the final norm."""
+def count_block_parameters(config: ModelConfig) -> int:
+    """One decoder block: attention (+ q/k norms) + SwiGLU MLP + its two RMSNorm scales."""
     c = config
     attention = c.hidden_dim * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q,o and k,v
     qk_norms = 2 * c.head_dim if c.qk_norm else 0
     mlp = 3 * c.hidden_dim * c.mlp_dim  # gate, up, down
-    block = attention + qk_norms + mlp + 2 * c.hidden_dim  # two RMSNorm scales
-    return count_embedding_parameters(c) + c.num_layers * block + c.hidden_dim
+    return attention + qk_norms + mlp + 2 * c.hidden_dim
+
+
+def count_parameters_by_formula(config: ModelConfig) -> int:
+    """Closed form: embeddings + L x block + the final norm."""
+    return (
+        count_embedding_parameters(config)
+        + config.num_layers * count_block_parameters(config)
+        + config.hidden_dim
+    )
