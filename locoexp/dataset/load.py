@@ -26,8 +26,12 @@ _BUILDERS = {
 _JSON_CHUNK_BYTES = 256 << 20
 
 
-def load_rows(config: DatasetConfig, *, held_out: bool) -> datasets.Dataset | None:
-    """The training rows, or the held-out rows (None when the source has no held-out split)."""
+def load_rows(
+    config: DatasetConfig, *, held_out: bool, features: datasets.Features | None = None
+) -> datasets.Dataset | None:
+    """The training rows, or the held-out rows (None when the source has no held-out split).
+    `features` fixes the schema where inferring it from the first file can fail (a column that
+    is null throughout one file and text in the next)."""
     if config.data_files is not None:
         files = config.eval_data_files if held_out else config.data_files
         if files is None:
@@ -45,7 +49,7 @@ def load_rows(config: DatasetConfig, *, held_out: bool) -> datasets.Dataset | No
     if not held_out and config.max_train_rows is not None:
         kwargs["split"] += f"[:{config.max_train_rows}]"
     try:
-        return datasets.load_dataset(builder, **kwargs)
+        return datasets.load_dataset(builder, features=features, **kwargs)
     except ConnectionError as err:
         raise ConfigError(_missing(config, held_out)) from err
     except FileNotFoundError as err:
@@ -72,9 +76,13 @@ def _builder_for(path: str | None, files: str) -> str:
 
 def _missing(config: DatasetConfig, held_out: bool) -> str:
     split = config.eval_split if held_out else config.train_split
+    source = ", ".join(
+        f"{key} {value}"
+        for key, value in (("config", config.name), ("revision", config.revision), ("split", split))
+        if value is not None
+    )
     return (
-        f"dataset {config.kind.value} is missing: {config.path} (config {config.name}, revision "
-        f"{config.revision}, split {split}) cannot be loaded from the Hugging Face Hub or its "
-        f"cache; point dataset.data_files (and dataset.eval_data_files for the held-out split) "
-        f"at local files."
+        f"dataset {config.kind.value} is missing: {config.path} ({source}) cannot be loaded from "
+        f"the Hugging Face Hub or its cache; point dataset.data_files (and "
+        f"dataset.eval_data_files for the held-out split) at local files."
     )

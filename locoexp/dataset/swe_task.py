@@ -15,6 +15,8 @@ are dropped. The upstream dataset has only a train split; held-out examples come
 
 from collections.abc import Iterable, Mapping
 
+import datasets
+
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.load import load_rows
 from locoexp.dataset.prompts import cap_prompt, encode_step_prompts
@@ -25,17 +27,40 @@ from locoexp.reward.scorer import RewardKind, RewardScorer
 from locoexp.tokenizer import ChatTokenizer
 
 _ROLES = {"system": "system", "user": "user", "ai": "assistant"}
+_TEXT = datasets.Value("string")
+# The schema of nebius/SWE-agent-trajectories (its dataset card); fixed rather than inferred.
+FEATURES = datasets.Features(
+    {
+        "instance_id": _TEXT,
+        "model_name": _TEXT,
+        "target": datasets.Value("bool"),
+        "trajectory": [
+            {
+                "cutoff_date": _TEXT,
+                "mask": datasets.Value("bool"),
+                "role": _TEXT,
+                "system_prompt": _TEXT,
+                "text": _TEXT,
+            }
+        ],
+        "exit_status": _TEXT,
+        "generated_patch": _TEXT,
+        "eval_logs": _TEXT,
+    }
+)
 
 
 def build_swe_task(config: DatasetConfig, tokenizer: ChatTokenizer) -> TextTask:
-    train_rows = load_rows(config, held_out=False)
+    train_rows = load_rows(config, held_out=False, features=FEATURES)
     if "trajectory" not in train_rows.column_names:
         raise ConfigError(
             f"dataset.kind=swe_agent needs a 'trajectory' column; the rows have "
             f"{train_rows.column_names}."
         )
     train, train_long = _examples(config, tokenizer, train_rows)
-    eval_, eval_long = _examples(config, tokenizer, load_rows(config, held_out=True) or [])
+    eval_, eval_long = _examples(
+        config, tokenizer, load_rows(config, held_out=True, features=FEATURES) or []
+    )
     scorer = RewardScorer(RewardKind.swe_action, workers=config.reward_workers)
     return TextTask(
         tokenizer, train=train, eval=eval_, long_prompts=train_long + eval_long, scorer=scorer

@@ -22,11 +22,15 @@ def extract_last_boxed(text: str) -> str | None:
     open_at = text.find("{", start)
     if open_at < 0:
         return None
-    depth = 0
-    for i in range(open_at, len(text)):
+    depth, i = 0, open_at
+    while i < len(text):
+        if text[i] == "\\":  # an escaped brace (`\\{`, `\\}`) does not open or close a group
+            i += 2
+            continue
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
             return text[open_at + 1 : i]
+        i += 1
     return None
 
 
