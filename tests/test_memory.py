@@ -13,7 +13,9 @@ from locoexp.model import memory
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters
 from locoexp.rollout.config import RolloutConfig
+from locoexp.trainer.config import TrainerConfig
 
+TRAINER = TrainerConfig()
 TINY = ModelConfig()  # V16, 2 layers, D64, F192, 4 q heads / 2 KV heads, h16, qk norm, tied, fp32
 SWE = DatasetConfig(
     prompts_per_step=256, samples_per_prompt=8, max_prompt_tokens=15360, max_new_tokens=1024
@@ -42,17 +44,22 @@ def test_trainer_terms_equal_the_hand_computed_formula():
     dataset = DatasetConfig(
         prompts_per_step=2, samples_per_prompt=2, max_prompt_tokens=3, max_new_tokens=5
     )
-    t = memory.estimate_trainer_memory(TINY, dataset, devices=2)
+    t = memory.estimate_trainer_memory(TINY, dataset, TRAINER, devices=2)
     n = count_parameters(TINY)
     assert n == 99_712
     assert (t.rows, t.row_tokens) == (2, 8)  # 4 sequences over 2 devices, 3 + 5 tokens each
     assert t.params == t.gradients == n // 2 * 4 and t.optimizer == 2 * t.params
-    assert t.gathered_block == 49_312 * 4
+    assert t.reference == 0 and t.gathered_block == 49_312 * 4
     # Per token and layer: 4D + 2(H+K)h (q/k before the norm and after RoPE) + Kh + Hh + 3F,
-    # fp32; dense attention probs H*L fp32; then the final norm in/out 2D and V fp32 logits.
-    per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 8 * 4
-    per_token = 2 * per_layer + 2 * 64 * 4 + 16 * 4
-    assert t.activations == 2 * 8 * per_token
+    # fp32; dense attention probs H*L fp32 and the bool mask L; then the final norm in/out 2D.
+    per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 8 * 4 + 8
+    per_token = 2 * per_layer + 2 * 64 * 4
+    # Head: 20 loss slots split over 2 devices (D fp32 each), one 20-slot chunk of V fp32 logits
+    # and their gradient.
+    head = 10 * 64 * 4 + 2 * 20 * 16 * 4
+    assert t.activations == 2 * 8 * per_token + head
+    kl = memory.estimate_trainer_memory(TINY, dataset, TRAINER, devices=2, reference_policy=True)
+    assert kl.reference == t.params and kl.resident == t.resident + t.params
 
 
 def test_engine_terms_equal_the_hand_computed_formula():
@@ -62,16 +69,19 @@ def test_engine_terms_equal_the_hand_computed_formula():
     e = memory.estimate_engine_memory(TINY, dataset, RolloutConfig(), engine_devices=1, engines=1)
     assert (e.replicas_per_engine, e.sequences_per_replica) == (1, 4)
     assert e.weights == count_parameters(TINY) * 4
-    assert e.kv_cache == 4 * 8 * (2 * 2 * 2 * 16 * 4)  # seqs x L x (layers x k,v x K x h x fp32)
+    # 3 prompt tokens padded to the 16-token bucket + 5 new = 21 slots per sequence.
+    assert e.kv_cache == 4 * 21 * (2 * 2 * 2 * 16 * 4)  # seqs x S x (layers x k,v x K x h x fp32)
+    assert e.prefill_scores == 4 * 4 * 16 * 21 * 4  # seqs x H x P' x S x fp32
     half = memory.estimate_engine_memory(
         TINY, dataset, RolloutConfig(tensor_parallel=2), engine_devices=2, engines=1
     )
     assert (half.weights, half.kv_cache) == (e.weights // 2, e.kv_cache // 2)
+    assert half.prefill_scores == e.prefill_scores // 2
 
 
 def test_bfloat16_halves_every_term_but_the_float32_ones():
     bf16 = dataclasses.replace(TINY, param_dtype=DType.bfloat16)
-    f32, b16 = (memory.estimate_trainer_memory(m, SMALL, devices=4) for m in (TINY, bf16))
+    f32, b16 = (memory.estimate_trainer_memory(m, SMALL, TRAINER, devices=4) for m in (TINY, bf16))
     assert b16.params * 2 == f32.params and b16.optimizer * 2 == f32.optimizer
     assert f32.activations / 2 < b16.activations < f32.activations  # probs and logits stay fp32
 
@@ -81,7 +91,12 @@ def test_swe_at_8_chips_is_refused_in_the_papers_words():
     hardware = tpu_v7x(8)
     with pytest.raises(ConfigError) as error:
         memory.check_fit(
-            load_model_option("qwen3_0_6b"), hardware, RolloutConfig(), SWE, colocated(hardware)
+            load_model_option("qwen3_0_6b"),
+            hardware,
+            RolloutConfig(),
+            SWE,
+            TRAINER,
+            colocated(hardware),
         )
     assert re.match(
         r"does not fit: the trainer needs \d+\.\d GiB per device of 94\.7 ", str(error.value)
@@ -92,17 +107,22 @@ def test_swe_at_8_chips_is_refused_in_the_papers_words():
 def test_llama_405b_on_8_chips_is_refused_by_its_weights_alone():
     hardware = tpu_v7x(8)
     model = load_model_option("llama3_1_405b")
-    t = memory.estimate_trainer_memory(model, DatasetConfig(), devices=hardware.devices)
+    t = memory.estimate_trainer_memory(model, DatasetConfig(), TRAINER, devices=hardware.devices)
     assert (t.params + t.gradients + t.optimizer) / memory.GIB > 94.7  # 16 bytes x 405.9B / 16
     rollout = RolloutConfig(tensor_parallel=8)
     with pytest.raises(ConfigError, match=r"^does not fit: the trainer needs"):
-        memory.check_fit(model, hardware, rollout, DatasetConfig(), colocated(hardware))
+        memory.check_fit(model, hardware, rollout, DatasetConfig(), TRAINER, colocated(hardware))
 
 
 def test_qwen3_0_6b_fits_a_v7x_slice():
     hardware = tpu_v7x(64)
     memory.check_fit(
-        load_model_option("qwen3_0_6b"), hardware, RolloutConfig(), SMALL, colocated(hardware)
+        load_model_option("qwen3_0_6b"),
+        hardware,
+        RolloutConfig(),
+        SMALL,
+        TRAINER,
+        colocated(hardware),
     )
 
 
@@ -116,9 +136,16 @@ def test_an_engine_too_small_for_its_weights_is_refused_in_the_papers_words():
         ConfigError,
         match=r"^does not fit: the rollout engine needs \d+\.\d GiB per device of 94\.7 ",
     ):
-        memory.check_fit(load_model_option("qwen3_32b"), hardware, RolloutConfig(), dataset, roles)
+        memory.check_fit(
+            load_model_option("qwen3_32b"), hardware, RolloutConfig(), dataset, TRAINER, roles
+        )
     memory.check_fit(
-        load_model_option("qwen3_32b"), hardware, RolloutConfig(tensor_parallel=4), dataset, roles
+        load_model_option("qwen3_32b"),
+        hardware,
+        RolloutConfig(tensor_parallel=4),
+        dataset,
+        TRAINER,
+        roles,
     )
 
 
@@ -132,6 +159,7 @@ def test_tp16_for_qwen3_14b_is_refused_naming_the_keys_and_the_valid_degrees():
             hardware,
             RolloutConfig(tensor_parallel=16),
             SMALL,
+            TRAINER,
             roles,
         )
     assert str(error.value).startswith(
@@ -152,18 +180,21 @@ def test_tp_must_tile_a_host_local_engine():
 
 def test_more_trainer_devices_need_less_memory_each():
     model = load_model_option("qwen3_0_6b")
-    totals = [memory.estimate_trainer_memory(model, SMALL, devices=d).total for d in (16, 32, 64)]
+    totals = [
+        memory.estimate_trainer_memory(model, SMALL, TRAINER, devices=d).total for d in (16, 32, 64)
+    ]
     assert totals[0] > totals[1] > totals[2]
 
 
 def test_only_colocated_roles_share_a_device():
     hardware, model = tpu_v7x(16), load_model_option("qwen3_1_7b")
-    co = memory.plan_memory(model, hardware, RolloutConfig(), SMALL, colocated(hardware))
+    co = memory.plan_memory(model, hardware, RolloutConfig(), SMALL, TRAINER, colocated(hardware))
     da = memory.plan_memory(
         model,
         hardware,
         RolloutConfig(),
         SMALL,
+        TRAINER,
         memory.Roles(trainer_hosts=4, rollout_hosts=4, colocated=False),
     )
     assert co.trainer_peak == co.trainer.total + co.engine.weights
@@ -174,7 +205,12 @@ def test_only_colocated_roles_share_a_device():
 def test_dry_run_plan_names_hosts_devices_memory_and_parameters():
     hardware = tpu_v7x(64)
     text = memory.describe_plan(
-        load_model_option("qwen3_0_6b"), hardware, RolloutConfig(), SMALL, colocated(hardware)
+        load_model_option("qwen3_0_6b"),
+        hardware,
+        RolloutConfig(),
+        SMALL,
+        TRAINER,
+        colocated(hardware),
     )
     assert "0.596B parameters" in text and "16 hosts x 8 devices" in text
     assert "trainer: 16 hosts, 128 devices (FSDP)" in text and "DP8 x TP1" in text
@@ -183,4 +219,4 @@ def test_dry_run_plan_names_hosts_devices_memory_and_parameters():
 
 def test_default_tiny_run_fits_the_default_cpu_hardware():
     hardware = HardwareConfig()
-    memory.check_fit(TINY, hardware, RolloutConfig(), DatasetConfig(), colocated(hardware))
+    memory.check_fit(TINY, hardware, RolloutConfig(), DatasetConfig(), TRAINER, colocated(hardware))

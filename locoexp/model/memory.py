@@ -5,26 +5,36 @@ It owns arithmetic only: nothing here allocates, traces a computation or touches
 sub-configs and a `Roles` of scalars, never the root config.
 
 The estimate, in bytes per device (GiB = 2**30 bytes); `a` = bytes per element of
-`model.param_dtype` (the decoder computes in its parameter dtype), `n` = parameters:
+`model.param_dtype` (the decoder computes in its parameter dtype), `n` = parameters, N = B*G
+sequences per step, L = trainer row length (`trainer.row_tokens`, default the caps P + R
+rounded up to 8), H/K query/KV heads, h head_dim, D width, F MLP width, V vocabulary.
 
-Trainer, FSDP over its `Dt` devices, one update per step and no gradient accumulation, so the
-whole packed batch is live at once (the paper's note under Table 3):
+Trainer (locoexp/trainer), FSDP over its `Dt` devices, one update per step and no gradient
+accumulation, so the whole packed batch is live at once (the paper's note under Table 3):
   params n*a/Dt + gradients n*a/Dt + AdamW m and v 2*n*a/Dt (optax keeps them in param dtype)
-  + one gathered block, the FSDP all-gather of the layer being computed, a * block params
-  + activations of the rows this device holds. At the caps every sequence fills its own row of
-    L = max_prompt_tokens + max_new_tokens tokens (packing cannot do better in the worst case,
-    and a trainer without accumulation must survive the worst step), so a device holds
-    r = ceil(B*G / Dt) rows, T = r*L tokens. Per token and layer the remat-free backward keeps
-    the inputs of every matmul and nonlinearity: the block input and its RMSNorm output (2D),
-    q and k before the q/k norm (Qwen3 only) and after RoPE, v ((H+K)h [+ (H+K)h] + Kh),
-    the o_proj input (Hh), the post-attention residual and its norm output (2D), the gate and
-    up outputs and their product (3F), all at `a` bytes; plus the attention probabilities,
-    which the built-in decoder materialises densely: H*L float32 per token. After the last
-    layer: the final norm's input and output (2D at `a`) and the logits (V float32).
-  Not counted: XLA temporaries and fragmentation, a KL reference policy (algo.kl_coef > 0).
-Rollout engine, one weight replica per TP group of `t` devices:
-  weights n*a/t + KV cache s*L*layers*2*ceil(K/t)*h*a, for s = ceil(capacity / (devices per
-  engine / t)) sequences per replica; capacity 0 means all of the engine's requests at once.
+  [+ the KL reference policy n*a/Dt when algo.kl_coef > 0]
+  + one gathered block, the FSDP all-gather of the layer being computed: a * block params
+  + activations. At the caps every sequence fills its own row (packing cannot do better in the
+    worst case, and a trainer without accumulation must survive the worst step), so a device
+    holds r = next_pow2(ceil(N / Dt)) rows (packing rounds rows per device up to a power of
+    two) of L tokens. Per token and layer the remat-free backward keeps the inputs of every
+    matmul and nonlinearity at `a` bytes: the block input and its RMSNorm output (2D), q and k
+    before the q/k norm (Qwen3 only) and after RoPE, v ((H+K)h [+ (H+K)h] + Kh), the o_proj
+    input (Hh), the post-attention residual and its norm output (2D), the gate and up outputs
+    and their product (3F); plus the attention probabilities, which the decoder materialises
+    densely, H*L float32, and the row's [L, L] boolean mask, L bytes. After the last layer:
+    the final norm's input and output (2D at `a`). The head runs on the loss slots only
+    (R per sequence, split over devices), rematerialised per chunk of trainer.logit_chunk_tokens:
+    the gathered hidden states of the slots (D at `a` each) and one chunk's logits and their
+    gradient (2 * chunk * V float32).
+  Not counted: XLA temporaries and fragmentation, the packed batch's integer inputs.
+Rollout engine, one weight replica per TP group of `t` devices (the built-in jax engine is
+TP1: a replica per device):
+  weights n*a/t + KV cache s*S*layers*2*ceil(K/t)*h*a, for s = ceil(capacity / (devices per
+  engine / t)) sequences per replica and S = P' + R slots, P' = P rounded up to
+  rollout.prompt_bucket_tokens; capacity 0 means all of the engine's requests at once. With
+  t > K the KV heads are replicated, not split (ceil). Prefill attends densely, so one layer's
+  scores s*(H/t)*P'*S float32 are live at once on top.
 Colocated (co, single_controller): the trainer's step also holds the engine's weight replica,
 and generation also holds the trainer's params and AdamW state; the KV cache is freed between
 rollouts and activations between steps.
@@ -44,6 +54,7 @@ from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_block_parameters, count_parameters_by_formula
 from locoexp.rollout.config import RolloutConfig
+from locoexp.trainer.config import TrainerConfig
 
 GIB = 2**30
 _BYTES = {DType.float32: 4, DType.bfloat16: 2}
@@ -63,6 +74,7 @@ class Roles:
     rollout_hosts: int
     colocated: bool
     hosts_per_engine: int = 1  # 1 = host-local engines (LoCoJAX); H = one lockstep engine
+    kl_reference: bool = False  # the trainer also keeps the initial policy (algo.kl_coef > 0)
 
     def __post_init__(self):
         require(
@@ -86,19 +98,19 @@ class TrainerMemory:
     params: int
     gradients: int
     optimizer: int  # AdamW m and v
+    reference: int  # the KL reference policy (algo.kl_coef > 0), else 0
     gathered_block: int
     activations: int
 
     @property
     def total(self) -> int:
-        return (
-            self.params + self.gradients + self.optimizer + self.gathered_block + self.activations
-        )
+        state = self.params + self.gradients + self.optimizer + self.reference
+        return state + self.gathered_block + self.activations
 
     @property
     def resident(self) -> int:
-        """What outlives a step: params and optimizer state."""
-        return self.params + self.optimizer
+        """What outlives a step: params, optimizer state and the reference policy."""
+        return self.params + self.optimizer + self.reference
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,10 +122,11 @@ class EngineMemory:
     sequences_per_replica: int
     weights: int
     kv_cache: int
+    prefill_scores: int  # one layer's dense attention scores during prefill
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache
+        return self.weights + self.kv_cache + self.prefill_scores
 
 
 def _param_bytes(model: ModelConfig) -> int:
@@ -126,22 +139,37 @@ def activation_bytes_per_token(model: ModelConfig, row_tokens: int) -> int:
     qk = (c.num_heads + c.num_kv_heads) * c.head_dim
     per_layer = 4 * c.hidden_dim + qk * (2 if c.qk_norm else 1) + c.num_kv_heads * c.head_dim
     per_layer += c.num_heads * c.head_dim + 3 * c.mlp_dim
-    attention_probs = c.num_heads * row_tokens * _F32
-    return (
-        c.num_layers * (per_layer * a + attention_probs)
-        + 2 * c.hidden_dim * a
-        + c.vocab_size * _F32
-    )
+    attention = c.num_heads * row_tokens * _F32 + row_tokens  # probabilities and the bool mask
+    return c.num_layers * (per_layer * a + attention) + 2 * c.hidden_dim * a
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << max(0, (value - 1).bit_length())
+
+
+def trainer_row_tokens(dataset: DatasetConfig, trainer: TrainerConfig) -> int:
+    """The packed row length L the trainer uses (what locoexp.main passes to packing)."""
+    caps = dataset.max_prompt_tokens + dataset.max_new_tokens
+    return trainer.row_tokens or -(-caps // 8) * 8
 
 
 def estimate_trainer_memory(
-    model: ModelConfig, dataset: DatasetConfig, *, devices: int
+    model: ModelConfig,
+    dataset: DatasetConfig,
+    trainer: TrainerConfig,
+    *,
+    devices: int,
+    reference_policy: bool = False,
 ) -> TrainerMemory:
     """Per-device bytes of an FSDP trainer over `devices` devices at the dataset's caps."""
     a, n = _param_bytes(model), count_parameters_by_formula(model)
     shard = math.ceil(n / devices) * a
-    row_tokens = dataset.max_prompt_tokens + dataset.max_new_tokens
-    rows = math.ceil(dataset.prompts_per_step * dataset.samples_per_prompt / devices)
+    sequences = dataset.prompts_per_step * dataset.samples_per_prompt
+    row_tokens = trainer_row_tokens(dataset, trainer)
+    rows = _next_power_of_two(math.ceil(sequences / devices))
+    slots = math.ceil(sequences * dataset.max_new_tokens / devices)
+    chunk = min(trainer.logit_chunk_tokens, sequences * dataset.max_new_tokens)
+    head = slots * model.hidden_dim * a + 2 * chunk * model.vocab_size * _F32
     return TrainerMemory(
         devices=devices,
         rows=rows,
@@ -149,8 +177,9 @@ def estimate_trainer_memory(
         params=shard,
         gradients=shard,
         optimizer=2 * shard,
+        reference=shard if reference_policy else 0,
         gathered_block=count_block_parameters(model) * a,
-        activations=rows * row_tokens * activation_bytes_per_token(model, row_tokens),
+        activations=rows * row_tokens * activation_bytes_per_token(model, row_tokens) + head,
     )
 
 
@@ -168,14 +197,17 @@ def estimate_engine_memory(
     requests = math.ceil(dataset.prompts_per_step * dataset.samples_per_prompt / engines)
     concurrent = min(rollout.capacity, requests) if rollout.capacity else requests
     per_replica = math.ceil(concurrent / replicas)
-    row_tokens = dataset.max_prompt_tokens + dataset.max_new_tokens
+    bucket = rollout.prompt_bucket_tokens
+    prompt = -(-dataset.max_prompt_tokens // bucket) * bucket
+    slots = prompt + dataset.max_new_tokens
     kv_per_token = model.num_layers * 2 * math.ceil(model.num_kv_heads / t) * model.head_dim * a
     return EngineMemory(
         tensor_parallel=t,
         replicas_per_engine=replicas,
         sequences_per_replica=per_replica,
         weights=math.ceil(count_parameters_by_formula(model) / t) * a,
-        kv_cache=per_replica * row_tokens * kv_per_token,
+        kv_cache=per_replica * slots * kv_per_token,
+        prefill_scores=per_replica * (model.num_heads // t) * prompt * slots * _F32,
     )
 
 
@@ -222,11 +254,13 @@ def plan_memory(
     hardware: HardwareConfig,
     rollout: RolloutConfig,
     dataset: DatasetConfig,
+    trainer: TrainerConfig,
     roles: Roles,
 ) -> MemoryPlan:
     """Estimate both roles on `hardware` as `roles` places them."""
-    trainer = estimate_trainer_memory(
-        model, dataset, devices=roles.trainer_hosts * hardware.devices_per_host
+    devices = roles.trainer_hosts * hardware.devices_per_host
+    trainer_memory = estimate_trainer_memory(
+        model, dataset, trainer, devices=devices, reference_policy=roles.kl_reference
     )
     engine = estimate_engine_memory(
         model,
@@ -237,10 +271,10 @@ def plan_memory(
     )
     shared = roles.colocated
     return MemoryPlan(
-        trainer=trainer,
+        trainer=trainer_memory,
         engine=engine,
-        trainer_peak=trainer.total + (engine.weights if shared else 0),
-        engine_peak=engine.total + (trainer.resident if shared else 0),
+        trainer_peak=trainer_memory.total + (engine.weights if shared else 0),
+        engine_peak=engine.total + (trainer_memory.resident if shared else 0),
     )
 
 
@@ -248,18 +282,23 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f}"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def check_fit(
     model: ModelConfig,
     hardware: HardwareConfig,
     rollout: RolloutConfig,
     dataset: DatasetConfig,
+    trainer: TrainerConfig,
     roles: Roles,
 ) -> None:
     """Refuse, in the paper's words, a TP degree or a role that does not fit a device."""
     check_tensor_parallel(
         model, rollout, engine_devices=roles.hosts_per_engine * hardware.devices_per_host
     )
-    plan = plan_memory(model, hardware, rollout, dataset, roles)
+    plan = plan_memory(model, hardware, rollout, dataset, trainer, roles)
     capacity = hardware.memory_per_device_gib * GIB
     remedy = (
         "more hosts, fewer dataset.prompts_per_step or dataset.samples_per_prompt, lower "
@@ -270,7 +309,8 @@ def check_fit(
         plan.trainer_peak <= capacity,
         f"does not fit: the trainer needs {_gib(plan.trainer_peak)} GiB per device of "
         f"{hardware.memory_per_device_gib:.1f} (hardware.memory_per_device_gib): {t.rows} rows x "
-        f"{t.row_tokens} tokens on each of {t.devices} devices; try {remedy}.",
+        f"{t.row_tokens} tokens on each of {_n(t.devices, 'device')}; try {remedy}, or a shorter "
+        "trainer.row_tokens.",
     )
     e = plan.engine
     require(
@@ -291,10 +331,12 @@ def _trainer_line(plan: MemoryPlan, roles: Roles) -> str:
         f"AdamW {_gib(t.optimizer)}",
         f"gathered block {_gib(t.gathered_block)}",
         f"activations {_gib(t.activations)}",
-    ] + ([f"engine weights {_gib(e.weights)}"] if roles.colocated else [])
+    ]
+    terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
+    terms += [f"engine weights {_gib(e.weights)}"] if roles.colocated else []
     return (
-        f"trainer: {roles.trainer_hosts} hosts, {t.devices} devices (FSDP), {t.rows} rows x "
-        f"{t.row_tokens} tokens per device; {_gib(plan.trainer_peak)} GiB per device = "
+        f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(t.devices, 'device')} (FSDP), "
+        f"{t.rows} rows x {t.row_tokens} tokens per device; {_gib(plan.trainer_peak)} GiB per device = "
         + " + ".join(terms)
     )
 
@@ -302,11 +344,12 @@ def _trainer_line(plan: MemoryPlan, roles: Roles) -> str:
 def _engine_line(plan: MemoryPlan, roles: Roles, devices_per_host: int) -> str:
     t, e = plan.trainer, plan.engine
     terms = [f"weights {_gib(e.weights)}", f"KV cache {_gib(e.kv_cache)}"]
+    terms += [f"prefill scores {_gib(e.prefill_scores)}"]
     terms += [f"trainer params and AdamW {_gib(t.resident)}"] if roles.colocated else []
     engines = roles.rollout_hosts // roles.hosts_per_engine
     return (
-        f"rollout: {roles.rollout_hosts} hosts, {engines} engines of "
-        f"{roles.hosts_per_engine * devices_per_host} devices, DP{e.replicas_per_engine} x "
+        f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(engines, 'engine')} of "
+        f"{_n(roles.hosts_per_engine * devices_per_host, 'device')}, DP{e.replicas_per_engine} x "
         f"TP{e.tensor_parallel}, {e.sequences_per_replica} sequences per replica; "
         f"{_gib(plan.engine_peak)} GiB per device = " + " + ".join(terms)
     )
@@ -317,23 +360,25 @@ def describe_plan(
     hardware: HardwareConfig,
     rollout: RolloutConfig,
     dataset: DatasetConfig,
+    trainer: TrainerConfig,
     roles: Roles,
 ) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameter count."""
     try:
-        check_fit(model, hardware, rollout, dataset, roles)
+        check_fit(model, hardware, rollout, dataset, trainer, roles)
         verdict = "fits"
     except ConfigError as error:
         verdict = str(error)
     if model.num_heads % rollout.tensor_parallel:
         return f"model {model.name}: {verdict}"
-    plan = plan_memory(model, hardware, rollout, dataset, roles)
+    plan = plan_memory(model, hardware, rollout, dataset, trainer, roles)
     return "\n".join(
         [
             f"model {model.name}: {count_parameters_by_formula(model) / 1e9:.3f}B parameters, "
             f"{model.param_dtype.value}",
-            f"hardware {hardware.chip.value}: {hardware.hosts} hosts x {hardware.devices_per_host} "
-            f"devices, {hardware.memory_per_device_gib:.1f} GiB per device",
+            f"hardware {hardware.chip.value}: {_n(hardware.hosts, 'host')} x "
+            f"{_n(hardware.devices_per_host, 'device')}, {hardware.memory_per_device_gib:.1f} GiB "
+            "per device",
             _trainer_line(plan, roles),
             _engine_line(plan, roles, hardware.devices_per_host),
             f"placement: {'colocated' if roles.colocated else 'disaggregated'}; {verdict}",
