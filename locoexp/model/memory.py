@@ -336,8 +336,8 @@ def _trainer_line(plan: MemoryPlan, roles: Roles) -> str:
     terms += [f"engine weights {_gib(e.weights)}"] if roles.colocated else []
     return (
         f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(t.devices, 'device')} (FSDP), "
-        f"{t.rows} rows x {t.row_tokens} tokens per device; {_gib(plan.trainer_peak)} GiB per device = "
-        + " + ".join(terms)
+        f"{t.rows} rows x {t.row_tokens} tokens per device; "
+        f"{_gib(plan.trainer_peak)} GiB per device = " + " + ".join(terms)
     )
 
 
