@@ -79,6 +79,14 @@ def test_engine_terms_equal_the_hand_computed_formula():
     assert half.prefill_scores == e.prefill_scores // 2
 
 
+def test_longer_rows_pack_several_sequences_at_the_caps():
+    longer = TrainerConfig(row_tokens=4 * (256 + 768))  # four sequences at the caps per row
+    default = memory.estimate_trainer_memory(TINY, SMALL, TRAINER, devices=4)
+    packed = memory.estimate_trainer_memory(TINY, SMALL, longer, devices=4)
+    assert (default.rows, default.row_tokens) == (128, 1024)  # 512 sequences / 4 devices
+    assert (packed.rows, packed.row_tokens) == (32, 4096)
+
+
 def test_bfloat16_halves_every_term_but_the_float32_ones():
     bf16 = dataclasses.replace(TINY, param_dtype=DType.bfloat16)
     f32, b16 = (memory.estimate_trainer_memory(m, SMALL, TRAINER, devices=4) for m in (TINY, bf16))

@@ -14,19 +14,19 @@ accumulation, so the whole packed batch is live at once (the paper's note under 
   params n*a/Dt + gradients n*a/Dt + AdamW m and v 2*n*a/Dt (optax keeps them in param dtype)
   [+ the KL reference policy n*a/Dt when algo.kl_coef > 0]
   + one gathered block, the FSDP all-gather of the layer being computed: a * block params
-  + activations. At the caps every sequence fills its own row (packing cannot do better in the
-    worst case, and a trainer without accumulation must survive the worst step), so a device
-    holds r = next_pow2(ceil(N / Dt)) rows (packing rounds rows per device up to a power of
-    two) of L tokens. Per token and layer the remat-free backward keeps the inputs of every
-    matmul and nonlinearity at `a` bytes: the block input and its RMSNorm output (2D), q and k
-    before the q/k norm (Qwen3 only) and after RoPE, v ((H+K)h [+ (H+K)h] + Kh), the o_proj
-    input (Hh), the post-attention residual and its norm output (2D), the gate and up outputs
-    and their product (3F); plus the attention probabilities, which the decoder materialises
-    densely, H*L float32, and the row's [L, L] boolean mask, L bytes. After the last layer:
-    the final norm's input and output (2D at `a`). The head runs on the loss slots only
-    (R per sequence, split over devices), rematerialised per chunk of trainer.logit_chunk_tokens:
-    the gathered hidden states of the slots (D at `a` each) and one chunk's logits and their
-    gradient (2 * chunk * V float32).
+  + activations. At the caps a row holds floor(L / (P + R)) sequences, one at the default L
+    (packing cannot do better in the worst case, and a trainer without accumulation must
+    survive the worst step), so a device holds r = next_pow2(ceil(rows / Dt)) rows of L tokens
+    (packing rounds rows per device up to a power of two). Per token and layer the remat-free
+    backward keeps the inputs of every matmul and nonlinearity at `a` bytes: the block input
+    and its RMSNorm output (2D), q and k before the q/k norm (Qwen3 only) and after RoPE, v
+    ((H+K)h [+ (H+K)h] + Kh), the o_proj input (Hh), the post-attention residual and its norm
+    output (2D), the gate and up outputs and their product (3F); plus the attention
+    probabilities, which the decoder materialises densely, H*L float32, and the row's [L, L]
+    boolean mask, L bytes. After the last layer: the final norm's input and output (2D at `a`).
+    The head runs on the loss slots only (R per sequence, split over devices), rematerialised
+    per chunk of trainer.logit_chunk_tokens: the gathered hidden states of the slots (D at `a`
+    each) and one chunk's logits and their gradient (2 * chunk * V float32).
   Not counted: XLA temporaries and fragmentation, the packed batch's integer inputs.
 Rollout engine, one weight replica per TP group of `t` devices (the built-in jax engine is
 TP1: a replica per device):
@@ -166,7 +166,8 @@ def estimate_trainer_memory(
     shard = math.ceil(n / devices) * a
     sequences = dataset.prompts_per_step * dataset.samples_per_prompt
     row_tokens = trainer_row_tokens(dataset, trainer)
-    rows = _next_power_of_two(math.ceil(sequences / devices))
+    per_row = max(row_tokens // (dataset.max_prompt_tokens + dataset.max_new_tokens), 1)
+    rows = _next_power_of_two(math.ceil(math.ceil(sequences / per_row) / devices))
     slots = math.ceil(sequences * dataset.max_new_tokens / devices)
     chunk = min(trainer.logit_chunk_tokens, sequences * dataset.max_new_tokens)
     head = slots * model.hidden_dim * a + 2 * chunk * model.vocab_size * _F32
