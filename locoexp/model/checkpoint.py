@@ -28,19 +28,25 @@ CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-Path = tuple[
-    str | int, ...
-]  # an NNX parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel")
-_LINEAR = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
+# An NNX parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel").
+Path = tuple[str | int, ...]
+
+# Per block: HF name under model.layers.N -> (NNX path under layers[N], stored as HF [out, in]).
+_BLOCK = {
+    "self_attn.q_proj.weight": (("attn", "q_proj", "kernel"), True),
+    "self_attn.k_proj.weight": (("attn", "k_proj", "kernel"), True),
+    "self_attn.v_proj.weight": (("attn", "v_proj", "kernel"), True),
+    "self_attn.o_proj.weight": (("attn", "o_proj", "kernel"), True),
+    "mlp.gate_proj.weight": (("mlp", "gate_proj", "kernel"), True),
+    "mlp.up_proj.weight": (("mlp", "up_proj", "kernel"), True),
+    "mlp.down_proj.weight": (("mlp", "down_proj", "kernel"), True),
+    "input_layernorm.weight": (("input_norm", "scale"), False),
+    "post_attention_layernorm.weight": (("post_attn_norm", "scale"), False),
 }
-_NNX_PARENT = {"self_attn": "attn", "mlp": "mlp"}
+_QK_NORM = {  # Qwen3 only
+    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), False),
+    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), False),
+}
 
 
 def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
@@ -51,24 +57,10 @@ def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
     }
     if not config.tie_embeddings:
         names["lm_head.weight"] = (("lm_head", "kernel"), True)
+    block = _BLOCK | (_QK_NORM if config.qk_norm else {})
     for i in range(config.num_layers):
-        prefix = f"model.layers.{i}."
-        for proj, parent in _LINEAR.items():
-            names[f"{prefix}{parent}.{proj}.weight"] = (
-                ("layers", i, _NNX_PARENT[parent], proj, "kernel"),
-                True,
-            )
-        norms = {
-            "input_layernorm": ("input_norm",),
-            "post_attention_layernorm": ("post_attn_norm",),
-        }
-        if config.qk_norm:
-            norms |= {
-                "self_attn.q_norm": ("attn", "q_norm"),
-                "self_attn.k_norm": ("attn", "k_norm"),
-            }
-        for hf_name, nnx_path in norms.items():
-            names[f"{prefix}{hf_name}.weight"] = (("layers", i, *nnx_path, "scale"), False)
+        for name, (path, transpose) in block.items():
+            names[f"model.layers.{i}.{name}"] = (("layers", i, *path), transpose)
     return names
 
 
