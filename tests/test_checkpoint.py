@@ -8,9 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_options import load_model_option
 
 from locoexp.errors import ConfigError
-from locoexp.model.checkpoint import INDEX_FILE, SINGLE_FILE, load_model, save_checkpoint
+from locoexp.model.checkpoint import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    check_architecture,
+    load_model,
+    save_checkpoint,
+)
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.transformer import build_model, causal_segment_mask
 
@@ -79,6 +86,84 @@ def test_architecture_mismatch_names_every_differing_key(tmp_path):
     message = str(error.value)
     assert "model.num_heads=8 but the checkpoint has 4" in message
     assert "model.rope_theta" in message and "model.vocab_size" not in message
+
+
+# The architecture keys of the published config.json files (Qwen/Qwen3-*, meta-llama/Llama-3.1-*),
+# in the transformers 4.x layout the hub serves.
+QWEN3 = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "rope_scaling": None,
+    "num_key_value_heads": 8,
+}
+LLAMA31 = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_act": "silu",
+    "mlp_bias": False,
+    "attention_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+PUBLISHED_CONFIGS = {
+    "qwen3_0_6b": QWEN3
+    | {
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "qwen3_8b": QWEN3
+    | {
+        "num_hidden_layers": 36,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+    },
+    "llama3_1_70b": LLAMA31
+    | {
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_attention_heads": 64,
+    },
+    "llama3_1_405b": LLAMA31
+    | {
+        "num_hidden_layers": 126,
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "num_attention_heads": 128,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_published_config_json_matches_the_model_option(name):
+    check_architecture(PUBLISHED_CONFIGS[name], load_model_option(name), "<hub>")
+
+
+def test_unsupported_rope_scaling_is_refused_naming_model_checkpoint():
+    yarn = PUBLISHED_CONFIGS["qwen3_8b"] | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    with pytest.raises(
+        ConfigError, match=r"^model\.checkpoint=<hub>: config.json rope_type='yarn'"
+    ):
+        check_architecture(yarn, load_model_option("qwen3_8b"), "<hub>")
 
 
 def test_missing_directory_or_files_are_refused_naming_model_checkpoint(tmp_path):

@@ -154,8 +154,12 @@ def architecture_of(hf: dict) -> dict:
 
 def check_architecture(hf: dict, config: ModelConfig, directory: str) -> None:
     """Raise ConfigError naming every key where config.json and the selected model disagree."""
+    try:
+        architecture = architecture_of(hf)
+    except ConfigError as error:
+        raise ConfigError(f"model.checkpoint={directory}: {error}") from None
     mismatches = []
-    for key, value in architecture_of(hf).items():
+    for key, value in architecture.items():
         selected = getattr(config, key)
         same = (
             math.isclose(value, selected, rel_tol=1e-9)
