@@ -33,6 +33,17 @@ TINY = ModelConfig(
 )
 
 
+def random_model(config: ModelConfig, *, seed: int, std: float = 0.2):
+    """A decoder with numpy-random weights (no jitted init to compile: tests stay fast)."""
+    rng = np.random.default_rng(seed)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
+    leaves = [
+        (key, var.replace(jnp.asarray(rng.normal(0.0, std, var.shape), var.dtype)))
+        for key, var in nnx.to_flat_state(state)
+    ]
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
 def flat_params(model) -> dict:
     return {k: np.asarray(v[...]) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
@@ -48,7 +59,7 @@ def assert_same_params(a, b):
 @pytest.mark.parametrize("tied", [True, False])
 def test_save_then_load_gives_identical_parameters(tmp_path, tied):
     config = dataclasses.replace(TINY, tie_embeddings=tied)
-    model = build_model(config, seed=3)
+    model = random_model(config, seed=3)
     save_checkpoint(model, config, str(tmp_path))
     assert (tmp_path / SINGLE_FILE).is_file() and not (tmp_path / INDEX_FILE).exists()
     loaded = load_model(dataclasses.replace(config, checkpoint=str(tmp_path)), seed=0)
@@ -56,7 +67,7 @@ def test_save_then_load_gives_identical_parameters(tmp_path, tied):
 
 
 def test_sharded_save_writes_an_index_and_loads_identically(tmp_path):
-    model = build_model(TINY, seed=1)
+    model = random_model(TINY, seed=1)
     save_checkpoint(model, TINY, str(tmp_path), max_shard_bytes=20_000)
     index = json.loads((tmp_path / INDEX_FILE).read_text())
     assert len(set(index["weight_map"].values())) > 1 and not (tmp_path / SINGLE_FILE).exists()
@@ -67,7 +78,7 @@ def test_sharded_save_writes_an_index_and_loads_identically(tmp_path):
 
 def test_bfloat16_parameters_round_trip_bit_exactly(tmp_path):
     config = dataclasses.replace(TINY, param_dtype=DType.bfloat16)
-    model = build_model(config, seed=2)
+    model = random_model(config, seed=2)
     save_checkpoint(model, config, str(tmp_path))
     loaded = load_model(dataclasses.replace(config, checkpoint=str(tmp_path)), seed=0)
     assert loaded.embed.embedding[...].dtype == jnp.bfloat16
@@ -79,7 +90,7 @@ def test_without_checkpoint_load_model_is_the_seeded_random_init():
 
 
 def test_architecture_mismatch_names_every_differing_key(tmp_path):
-    save_checkpoint(build_model(TINY, seed=0), TINY, str(tmp_path))
+    save_checkpoint(random_model(TINY, seed=0), TINY, str(tmp_path))
     wrong = dataclasses.replace(TINY, num_heads=8, rope_theta=1e6, checkpoint=str(tmp_path))
     with pytest.raises(ConfigError, match="model.checkpoint=") as error:
         load_model(wrong, seed=0)
@@ -170,7 +181,7 @@ def test_missing_directory_or_files_are_refused_naming_model_checkpoint(tmp_path
     for directory in (tmp_path / "absent", tmp_path):
         with pytest.raises(ConfigError, match=r"^model\.checkpoint="):
             load_model(dataclasses.replace(TINY, checkpoint=str(directory)), seed=0)
-    save_checkpoint(build_model(TINY, seed=0), TINY, str(tmp_path))
+    save_checkpoint(random_model(TINY, seed=0), TINY, str(tmp_path))
     (tmp_path / SINGLE_FILE).unlink()
     with pytest.raises(ConfigError, match=f"neither {SINGLE_FILE}"):
         load_model(dataclasses.replace(TINY, checkpoint=str(tmp_path)), seed=0)
@@ -206,7 +217,7 @@ def test_transformers_loads_what_locoexp_saves_with_the_same_logits(tmp_path, fa
         tied=family == "qwen3",
         rope_scaling=LLAMA3_SCALING if family == "llama" else None,
     )
-    model = build_model(dataclasses.replace(config, init_std=0.2), seed=4)
+    model = random_model(config, seed=4)
     save_checkpoint(model, config, str(tmp_path))
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation="eager"
