@@ -1,13 +1,15 @@
-"""`run(config)`: build the runtime objects of one run from the typed config and execute it.
+"""`run(config)`: check the run, start its processes, build the runtime objects and execute it.
 
 This is the only module that reads the root `Config`; it hands each builder its own sub-config.
-It owns the run directory's contents (metrics.jsonl, eval records, summary) and the order of
-start-up: everything that can refuse a run (task files, vocabulary, schedule) is checked before
-the first file is written.
+Start-up order: everything that can refuse a run (memory fit, TP vs heads, task files,
+vocabulary, schedule) is checked before anything is allocated or written. With `hardware=cpu`
+and more than one host (or device per host) the run continues in spawned local processes
+(`locoexp.placement.launch`); on a TPU slice every host runs this same function.
 """
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -20,17 +22,133 @@ from locoexp.config import Config
 from locoexp.dataset.build import build_task
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
+from locoexp.hardware.config import ChipKind
 from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
 from locoexp.metrics.record import MetricsFile, Progress, format_summary
 from locoexp.metrics.wandb_logger import build_logger
-from locoexp.model.transformer import build_model
-from locoexp.placement.colocated import Colocated, StepSettings, run_loop
+from locoexp.model.checkpoint import load_model
+from locoexp.model.memory import Roles, check_fit, describe_plan
+from locoexp.placement.colocated import Colocated, LoopHooks, StepSettings, run_loop
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.launch import initialize_distributed, launch_local_processes
+from locoexp.placement.multihost import HostGroup
 from locoexp.rollout.engine import JaxEngine, SamplingParams
 from locoexp.trainer.trainer import Trainer
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+def placement_roles(config: Config) -> Roles:
+    hosts = config.hardware.hosts
+    match config.placement.kind:
+        case PlacementKind.co:
+            return Roles(trainer_hosts=hosts, rollout_hosts=hosts, colocated=True,
+                         kl_reference=config.algo.kl_coef > 0)
+        case PlacementKind.single_controller:
+            return Roles(trainer_hosts=hosts, rollout_hosts=hosts, colocated=True,
+                         hosts_per_engine=hosts, kl_reference=config.algo.kl_coef > 0)
+        case PlacementKind.da:
+            trainer_hosts = round((config.split or 0) * hosts)
+            return Roles(trainer_hosts=trainer_hosts, rollout_hosts=hosts - trainer_hosts,
+                         colocated=False, kl_reference=config.algo.kl_coef > 0)
+
+
+def process_layout(config: Config) -> tuple[int, int]:
+    """(processes, devices per process) for this run: one process per host, except the single
+    controller, which is one process holding every host's devices."""
+    hw = config.hardware
+    if config.placement.kind is PlacementKind.single_controller:
+        return 1, hw.devices
+    return hw.hosts, hw.devices_per_host
+
+
+def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str, Any] | None = None,
+        sweep_name: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Execute one run; returns its summary (also written to `<run_dir>/summary.json`)."""
+    roles = placement_roles(config)
+    if config.dry_run:
+        print(describe_plan(config.model, config.hardware, config.rollout, config.dataset,
+                            config.trainer, roles), flush=True)
+        return {"dry_run": True}
+    check_fit(config.model, config.hardware, config.rollout, config.dataset, config.trainer, roles)
+    require(config.placement.kind is not PlacementKind.da,
+            "placement=da is not available yet in this build; use placement=co or single_controller.")
+    processes, devices = process_layout(config)
+    args = (config, str(run_dir), resolved_config, sweep_name, progress)
+    if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
+        code = launch_local_processes(run_host, args, num_processes=processes, devices_per_process=devices)
+        if code != 0:
+            raise SystemExit(code)
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    if config.hardware.chip is not ChipKind.cpu and processes > 1:
+        initialize_distributed(coordinator=None, num_processes=processes, process_id=None)
+    return run_host(*args)
+
+
+def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | None,
+             sweep_name: str | None, progress: bool) -> dict[str, Any]:
+    """This process's part of the run; every host calls it, process 0 writes the run directory."""
+    start_time = time.perf_counter()
+    run_dir = Path(run_dir)
+    hosts = HostGroup.current()
+    task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
+    require(task.tokenizer.vocab_size <= config.model.vocab_size,
+            f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+            f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
+            "whose vocabulary covers it (e.g. model=tiny_qwen).")
+    schedule = build_schedule(config, len(task.train))
+    runner = build_runner(config, task, schedule, hosts)
+
+    logging_here = hosts.is_leader
+    if logging_here:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+        logger = build_logger(config.logger, run_dir=run_dir, resolved_config=resolved_config or {},
+                              run_name=run_dir.resolve().name, sweep_name=sweep_name)
+    bar = Progress(config.steps, enabled=progress and logging_here)
+    checkpoints: list[Checkpoint] = []
+
+    def export(record: dict) -> None:
+        metrics_file.write(record)
+        logger.log(record, step=record["step"])
+        bar.update(record)
+
+    def on_eval(record: dict) -> None:
+        checkpoints.append(Checkpoint(step=record["step"], elapsed_s=record["time/elapsed_s"],
+                                      score=record["eval/accuracy"]))
+        metrics_file.write(record)
+        logger.log(record, step=record["step"])
+
+    try:
+        summary = run_loop(runner, steps=config.steps, eval_every_steps=config.eval_every_steps,
+                           eval_limit=config.dataset.eval_size, hooks=LoopHooks(export=export, on_eval=on_eval),
+                           start_time=start_time)
+        if not logging_here:
+            return summary
+        cost = compute_cost_to_learn(checkpoints, target=config.eval_target, chips=config.hardware.chips,
+                                     chip_hour_price_usd=config.hardware.chip_hour_price_usd)
+        summary = {**summary, "eval_accuracy": checkpoints[-1].score, **cost.as_metrics(),
+                   "wall_s": time.perf_counter() - start_time}
+        logger.summary(summary)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    finally:
+        bar.close()
+        if logging_here:
+            metrics_file.close()
+            logger.finish()
+    print(format_summary(summary), flush=True)
+    return summary
+
+
+def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGroup) -> Colocated:
+    """The engine on this host's devices, the trainer on every device, the step settings."""
+    model = load_model(config.model, seed=config.seed)
+    engine_devices = jax.local_devices() if hosts.count > 1 or config.placement.kind is PlacementKind.co \
+        else jax.devices()
+    engine = JaxEngine(model, config.rollout, eos_id=task.tokenizer.eos_id,
+                       pad_id=task.tokenizer.pad_id, devices=engine_devices)
+    trainer = Trainer(model, config.algo, config.trainer, mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
+                      temperature=config.rollout.temperature, max_new_tokens=config.dataset.max_new_tokens)
+    return Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer,
+                     settings=build_settings(config, local_devices=len(engine_devices)), hosts=hosts)
 
 
 def build_schedule(config: Config, num_examples: int) -> PromptSchedule:
@@ -47,12 +165,14 @@ def build_schedule(config: Config, num_examples: int) -> PromptSchedule:
     return schedule
 
 
-def build_settings(config: Config) -> StepSettings:
+def build_settings(config: Config, *, local_devices: int) -> StepSettings:
     r, d = config.rollout, config.dataset
+    chunk = config.trainer.logit_chunk_tokens
     return StepSettings(
         group_size=d.samples_per_prompt,
         max_new_tokens=d.max_new_tokens,
         row_tokens=config.trainer.row_tokens or _round_up(d.max_prompt_tokens + d.max_new_tokens, 8),
+        loss_slot_multiple=math.lcm(min(chunk, d.samples_per_prompt * d.max_new_tokens), local_devices),
         sampling=SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                 ignore_eos=r.ignore_eos),
         eval_sampling=SamplingParams(temperature=r.eval_temperature, top_k=r.top_k, top_p=r.top_p),
@@ -63,64 +183,8 @@ def build_settings(config: Config) -> StepSettings:
     )
 
 
-def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str, Any] | None = None,
-        sweep_name: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Execute one run; returns its summary (also written to `<run_dir>/summary.json`)."""
-    start_time = time.perf_counter()
-    run_dir = Path(run_dir)
-    # Everything that can refuse the run comes before the first write.
-    task = build_task(config.dataset)
-    require(task.tokenizer.vocab_size <= config.model.vocab_size,
-            f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-            f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
-            "whose vocabulary covers it.")
-    schedule = build_schedule(config, len(task.train))
-    settings = build_settings(config)
-
-    model = build_model(config.model, seed=config.seed)
-    devices = jax.local_devices()
-    engine = JaxEngine(model, config.rollout, eos_id=task.tokenizer.eos_id,
-                       pad_id=task.tokenizer.pad_id, devices=devices)
-    trainer_mesh = Mesh(np.array(jax.devices()), ("fsdp",))
-    trainer = Trainer(model, config.algo, config.trainer, mesh=trainer_mesh,
-                      temperature=config.rollout.temperature, max_new_tokens=config.dataset.max_new_tokens)
-    del model  # the engine and the trainer hold the weights from here on
-    runner = Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer, settings=settings)
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics_file = MetricsFile(run_dir / "metrics.jsonl")
-    logger = build_logger(config.logger, run_dir=run_dir, resolved_config=resolved_config or {},
-                          run_name=run_dir.resolve().name, sweep_name=sweep_name)
-    bar = Progress(config.steps, enabled=progress)
-    checkpoints: list[Checkpoint] = []
-
-    def export(record: dict) -> None:
-        metrics_file.write(record)
-        logger.log(record, step=record["step"])
-        bar.update(record)
-
-    def on_eval(record: dict) -> None:
-        checkpoints.append(Checkpoint(step=record["step"], elapsed_s=record["time/elapsed_s"],
-                                      score=record["eval/accuracy"]))
-        metrics_file.write(record)
-        logger.log(record, step=record["step"])
-
-    try:
-        summary = run_loop(runner, steps=config.steps, eval_every_steps=config.eval_every_steps,
-                           eval_limit=config.dataset.eval_size, export=export, on_eval=on_eval,
-                           start_time=start_time)
-        cost = compute_cost_to_learn(checkpoints, target=config.eval_target, chips=config.hardware.chips,
-                                     chip_hour_price_usd=config.hardware.chip_hour_price_usd)
-        summary = {**summary, "eval_accuracy": checkpoints[-1].score, **cost.as_metrics(),
-                   "wall_s": time.perf_counter() - start_time}
-        logger.summary(summary)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    finally:
-        bar.close()
-        metrics_file.close()
-        logger.finish()
-    print(format_summary(summary), flush=True)
-    return summary
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def config_as_dict(config: Config) -> dict[str, Any]:
@@ -133,3 +197,5 @@ def config_as_dict(config: Config) -> dict[str, Any]:
         return getattr(value, "value", value)
 
     return plain(config)
+
+

@@ -7,6 +7,7 @@ as a TPU slice; nothing but the chips is simulated). TPU v7x slices (Section 3):
 
 import dataclasses
 import enum
+import os
 
 from locoexp.errors import require
 
@@ -22,7 +23,8 @@ class HardwareConfig:
     hosts: int = 1  # H
     chips_per_host: int = 1
     devices_per_chip: int = 1  # JAX devices per chip (v7x: 2 TensorCores)
-    memory_per_device_gib: float = 8.0
+    # None (hardware=cpu only): this machine's physical memory shared by all local devices.
+    memory_per_device_gib: float | None = None
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
     # hardware=cpu: the launcher's coordinator address for jax.distributed.
     coordinator_port: int = 0  # 0 = pick a free port
@@ -43,6 +45,11 @@ class HardwareConfig:
         for key in ("hosts", "chips_per_host", "devices_per_chip"):
             value = getattr(self, key)
             require(value >= 1, f"hardware.{key}={value} is invalid: it must be a positive integer.")
+        if self.memory_per_device_gib is None:
+            require(self.chip is ChipKind.cpu,
+                    f"hardware.memory_per_device_gib must be set for hardware.chip={self.chip.value}.")
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+            self.memory_per_device_gib = round(physical / self.devices, 1)
         require(self.memory_per_device_gib > 0,
                 f"hardware.memory_per_device_gib={self.memory_per_device_gib} must be > 0.")
         require(self.chip_hour_price_usd >= 0,

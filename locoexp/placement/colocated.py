@@ -1,9 +1,14 @@
-"""`placement=co`: every host admits its own prompts, runs its own engine, trains FSDP-sharded.
+"""`placement=co` (LoCoJAX-CO, Algorithm 1): every host admits its own prompts, runs its own
+engine over its own devices, scores its own groups; all hosts then train one FSDP-sharded step
+and load the updated weights into their engines. Synchronous and on-policy.
 
-One step is Algorithm 1 composed from `locoexp.placement.phases`; training stays synchronous and
-on-policy. The loop around it handles warm-up, O2 (gc frozen after warm-up), periodic held-out
-evaluation (its wall time kept out of the step clock) and metrics export (O1: the record of step
-t goes to W&B in step t+1's log phase, off the step's critical path).
+`placement=single_controller` is the same step run by one process over every device: it admits
+all requests serially and its engine is one lockstep program across all devices (the Pathways
+baseline's structure, Section 2), with the same trainer.
+
+The loop handles warm-up, O2 (gc frozen after warm-up), held-out evaluation (its wall time kept
+out of the step clock) and metrics: hosts exchange per-host metrics and process 0 exports them.
+O1 (Table B1): step t's metrics ride on step t+1's row agreement instead of their own barrier.
 """
 
 import dataclasses
@@ -13,6 +18,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.dataset.schedule import PromptSchedule
@@ -20,6 +26,7 @@ from locoexp.dataset.task import Task
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement import phases
 from locoexp.placement.config import OptConfig
+from locoexp.placement.multihost import HostGroup, combine_host_metrics
 from locoexp.rollout.engine import JaxEngine, SamplingParams
 from locoexp.trainer.trainer import Trainer
 
@@ -31,13 +38,12 @@ class StepSettings:
     group_size: int
     max_new_tokens: int
     row_tokens: int
+    loss_slot_multiple: int  # K per host is a multiple of this (head chunk x local devices)
     sampling: SamplingParams
     eval_sampling: SamplingParams
     advantage: AdvantageKind
     advantage_eps: float
     opt: OptConfig
-    host: int = 0
-    hosts: int = 1
     seed: int = 0
 
 
@@ -48,14 +54,20 @@ class Colocated:
     engine: JaxEngine
     trainer: Trainer
     settings: StepSettings
+    hosts: HostGroup
     timer: StepTimer = dataclasses.field(default_factory=StepTimer)
+    metric_keys: list[str] | None = None
+    # O1: the previous step's metrics waiting to ride on this step's row agreement, and what
+    # that agreement brought back from every host.
+    carried_metrics: dict | None = None
+    exchanged: list[dict] | None = None
 
     def step(self, step: int) -> dict[str, float]:
         """One synchronous step; returns this host's metrics (timings added by the caller)."""
-        s, timer = self.settings, self.timer
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), s.host)
+        s, timer, host = self.settings, self.timer, self.hosts
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host.index)
         with timer.phase("admission"):
-            admitted = phases.admit(self.task, self.schedule, step, host=s.host, hosts=s.hosts,
+            admitted = phases.admit(self.task, self.schedule, step, host=host.index, hosts=host.count,
                                     group_size=s.group_size, balance=s.opt.balance_prompts)
         with timer.phase("generation"):
             start = time.perf_counter()
@@ -65,13 +77,15 @@ class Colocated:
         with timer.phase("reward"):
             scored = phases.score(self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps)
         with timer.phase("pack"):
+            slots = _round_up(len(admitted.requests) * s.max_new_tokens, s.loss_slot_multiple)
             batch = phases.pack(admitted, rollout, scored, row_tokens=s.row_tokens,
-                                rows_multiple=self.trainer.devices,
-                                loss_slots=_loss_slots(len(admitted.requests), s.max_new_tokens))
+                                rows_multiple=self.engine.num_devices, agree_rows=self._agree_rows,
+                                loss_slots=slots)
         with timer.phase("train"):
             train_metrics = self.trainer.train_step(batch)
         with timer.phase("publish"):
-            phases.publish(self.trainer.params, self.engine, one_call=s.opt.publish_in_one_call)
+            phases.publish(self.trainer.params, self.engine, mesh=self.trainer.mesh,
+                           one_call=s.opt.publish_in_one_call)
         return {
             **phases.rollout_metrics(admitted, rollout, scored),
             "rollout/decode_s_per_iteration": generation_s / max(rollout.decode_iterations, 1),
@@ -79,51 +93,96 @@ class Colocated:
             **train_metrics,
         }
 
+    def _agree_rows(self, rows: int) -> int:
+        """The packed-shape exchange; with O1 it also carries the previous step's metrics."""
+        carried = self.carried_metrics
+        payload = np.array([rows, *([] if carried is None else self._vector(carried))], np.float64)
+        gathered = self.hosts.allgather(payload)
+        if carried is not None:
+            self.carried_metrics = None
+            self.exchanged = [self._record(row[1:]) for row in gathered]
+        return int(gathered[:, 0].max())
+
+    def exchange_metrics(self, host_metrics: dict[str, float]) -> list[dict]:
+        """One step's per-host metrics -> every host's (a collective of its own)."""
+        return [self._record(row) for row in self.hosts.allgather(self._vector(host_metrics))]
+
+    def _vector(self, metrics: dict[str, float]) -> np.ndarray:
+        self.metric_keys = self.metric_keys or sorted(metrics)
+        return np.array([metrics[k] for k in self.metric_keys], np.float64)
+
+    def _record(self, row: np.ndarray) -> dict[str, float]:
+        return dict(zip(self.metric_keys, row.tolist(), strict=True))
+
     def evaluate(self, *, limit: int | None) -> float:
+        """Held-out accuracy; each host scores an equal share of the examples."""
         examples = self.task.eval[:limit] if limit else self.task.eval
+        mine = examples[self.hosts.index :: self.hosts.count]
         key = jax.random.fold_in(jax.random.key(self.settings.seed + 1), self.trainer.steps_done)
-        return phases.evaluate(self.task, self.engine, examples, key=key,
-                               max_new_tokens=self.settings.max_new_tokens,
-                               sampling=self.settings.eval_sampling)
+        correct, scored = phases.evaluate(self.task, self.engine, mine, key=jax.random.fold_in(key, self.hosts.index),
+                                          max_new_tokens=self.settings.max_new_tokens,
+                                          sampling=self.settings.eval_sampling)
+        totals = self.hosts.allgather(np.array([correct, scored])).sum(axis=0)
+        return float(totals[0] / max(totals[1], 1))
 
 
-def _loss_slots(requests: int, max_new_tokens: int) -> int:
-    """A fixed K for every step: every request may use its whole response cap."""
-    return requests * max_new_tokens
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoopHooks:
+    """Where finished records go (process 0 only) and how evaluations are reported."""
+
+    export: Callable[[dict], None]
+    on_eval: Callable[[dict], None]
 
 
 def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_limit: int | None,
-             export: Callable[[dict], None], on_eval: Callable[[dict], None], start_time: float,
-             warmup_steps: int = 1) -> dict[str, float]:
-    """Run `steps` steps with periodic evaluation; returns the summary record."""
-    eval_total_s, pending, records = 0.0, None, []
+             hooks: LoopHooks, start_time: float, warmup_steps: int = 1) -> dict[str, float]:
+    """Run `steps` steps with periodic evaluation; returns the summary (on every host).
+
+    Step t's metrics, timings included, cross hosts during step t+1 (in its log phase, or with
+    O1 on its row agreement) and process 0 exports them then; the last step's are flushed."""
+    eval_total_s, records, previous = 0.0, [], None
+    o1 = runner.settings.opt.metrics_off_barrier
+
+    def emit(per_host: list[dict] | None) -> None:
+        if not per_host:
+            return
+        record = combine_host_metrics(per_host)
+        record["step"] = int(record["step"])
+        record["timing/host_orchestration_share"] = _host_share(record)
+        records.append(record)
+        if runner.hosts.is_leader:
+            hooks.export(record)
+
     for step in range(steps):
         if step == warmup_steps and runner.settings.opt.freeze_gc:
             gc.collect()
-            gc.freeze()  # O2: everything allocated during warm-up is never scanned again
+            gc.freeze()  # O2: what warm-up allocated is never scanned again
             gc.disable()
         with runner.timer.step():
+            runner.carried_metrics = previous if o1 else None
             metrics = runner.step(step)
             with runner.timer.phase("log"):
-                if pending is not None:
-                    export(pending)
-        record = {"step": step, **metrics, **runner.timer.metrics(),
-                  "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
-        record["timing/host_orchestration_share"] = _host_share(record)
-        pending = record
-        records.append(record)
-        last = step == steps - 1
-        if (eval_every_steps and (step + 1) % eval_every_steps == 0) or last:
-            export(pending)
-            pending = None
+                if o1:
+                    emit(runner.exchanged)
+                elif previous is not None:
+                    emit(runner.exchange_metrics(previous))
+                runner.exchanged = None
+        previous = {"step": step, **metrics, **runner.timer.metrics(),
+                    "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
+        if (eval_every_steps and (step + 1) % eval_every_steps == 0) or step == steps - 1:
+            emit(runner.exchange_metrics(previous))
+            previous = None
             eval_start = time.perf_counter()
             accuracy = runner.evaluate(limit=eval_limit)
             eval_s = time.perf_counter() - eval_start
             eval_total_s += eval_s
-            on_eval({"step": step, "eval/accuracy": accuracy, "eval/seconds": eval_s,
-                     "time/elapsed_s": record["time/elapsed_s"]})
-    if pending is not None:
-        export(pending)
+            if runner.hosts.is_leader:
+                hooks.on_eval({"step": step, "eval/accuracy": accuracy, "eval/seconds": eval_s,
+                               "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s)})
     if runner.settings.opt.freeze_gc:
         gc.enable()
     return _summary(records)
@@ -133,12 +192,11 @@ def _host_share(record: dict) -> float:
     """Share of the step outside compiled device programs (Section 3.2's host orchestration),
     approximated by the phases that are pure host work plus the unaccounted remainder."""
     host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
-    return (host + record["timing/unaccounted_s"]) / record["timing/step_s"]
+    return (host + record.get("timing/unaccounted_s", 0.0)) / record["timing/step_s"]
 
 
 def _summary(records: list[dict]) -> dict[str, float]:
-    first = records[: min(5, len(records))]
-    last = records[-min(5, len(records)) :]
+    first, last = records[: min(5, len(records))], records[-min(5, len(records)) :]
     return {
         "steps": len(records),
         "reward_first5": float(np.mean([r["rollout/reward_mean"] for r in first])),

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
+from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
 from locoexp.trainer.packing import PackedBatch, pack_sequences
 
@@ -76,24 +78,26 @@ def score(task: Task, admitted: Admitted, rollout: Rollout, *, advantage: Advant
 
 
 def pack(admitted: Admitted, rollout: Rollout, scored: Scored, *, row_tokens: int,
-         rows_multiple: int, min_rows: int = 0, loss_slots: int | None = None) -> PackedBatch:
-    """Pack: fixed-length rows; `min_rows` is what the hosts agreed on for the padded count."""
+         rows_multiple: int, agree_rows, loss_slots: int | None = None) -> PackedBatch:
+    """Pack: fixed-length rows; hosts agree on the padded row count (`agree_rows`)."""
     n = len(admitted.requests)
     return pack_sequences(
         list(admitted.requests),
         [rollout.completion(i) for i in range(n)],
         [rollout.logprobs[i, : rollout.lengths[i]] for i in range(n)],
         scored.advantages.reshape(-1),
-        row_tokens=row_tokens, rows_multiple=rows_multiple, min_rows=min_rows, loss_slots=loss_slots,
+        row_tokens=row_tokens, rows_multiple=rows_multiple, agree_rows=agree_rows, loss_slots=loss_slots,
     )
 
 
-def publish(params, engine: JaxEngine, *, one_call: bool) -> None:
-    """Weight publication: updated weights into the local engine (O4: in one call)."""
+def publish(params, engine: JaxEngine, *, mesh: Mesh, one_call: bool) -> None:
+    """Weight publication: gather the FSDP shards into this host's engine replica (O4: every
+    weight in one gather and one load; otherwise per layer)."""
+    local = gather_for_engine(params, mesh, engine.devices, one_call=one_call)
     if one_call:
-        engine.load_weights(params)
+        engine.load_weights(local)
     else:
-        engine.load_weights_per_layer(params)
+        engine.load_weights_per_layer(local)
     jax.block_until_ready(engine.params)
 
 
@@ -114,9 +118,12 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
 
 
 def evaluate(task: Task, engine: JaxEngine, examples: Sequence[Example], *, key: jax.Array,
-             max_new_tokens: int, sampling: SamplingParams) -> float:
-    """Held-out accuracy: one sample per prompt at the evaluation temperature."""
+             max_new_tokens: int, sampling: SamplingParams) -> tuple[int, int]:
+    """Held-out evaluation of `examples` (this host's share): (correct, scored), one sample each
+    at the evaluation temperature."""
+    if not examples:
+        return 0, 0
     rollout = engine.generate([e.prompt_tokens for e in examples], key=key,
                               max_new_tokens=max_new_tokens, sampling=sampling)
     rewards = task.score(list(examples), [rollout.completion(n) for n in range(len(examples))])
-    return float(task.is_correct(rewards).mean())
+    return int(task.is_correct(rewards).sum()), len(examples)

@@ -76,6 +76,10 @@ class JaxEngine:
     def num_devices(self) -> int:
         return self.mesh.devices.size
 
+    @property
+    def devices(self) -> list[jax.Device]:
+        return list(self.mesh.devices.flat)
+
     def load_weights(self, params) -> None:
         """Publish `params` (an nnx.State of the model's Params) to the engine in one call (O4)."""
         self.params = jax.device_put(params, self._replicated)

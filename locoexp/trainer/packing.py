@@ -6,10 +6,11 @@ packed equals unpacked. The loss needs log-probs only where a completion token i
 K positions are listed flat (`loss_index`), so the output head runs on K tokens, not R x L.
 
 Row and slot counts are rounded up (`rows_multiple`, powers of two) so a run compiles few
-shapes; hosts agree on the row count per device before training (`min_rows`).
+shapes; hosts agree on the row count per device before training (`agree_rows`).
 """
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -60,15 +61,18 @@ def pack_sequences(
     *,
     row_tokens: int,
     rows_multiple: int = 1,
-    min_rows: int = 0,
+    agree_rows: Callable[[int], int] = lambda rows: rows,
     loss_slots: int | None = None,
 ) -> PackedBatch:
-    """Pack N sequences; `loss_slots` fixes K (default: the completion tokens, rounded up)."""
+    """Pack N sequences; `loss_slots` fixes K (default: the completion tokens, rounded up).
+
+    `agree_rows` maps this host's row count to the count every host pads to (their maximum);
+    it is where the hosts exchange shapes."""
     lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completions, strict=True)])
     if lengths.max() > row_tokens:
         raise ValueError(f"a sequence of {lengths.max()} tokens does not fit rows of {row_tokens}")
     bins = count_rows(lengths, row_tokens)
-    per_device = _next_power_of_two(-(-max(len(bins), min_rows) // rows_multiple))
+    per_device = _next_power_of_two(-(-agree_rows(len(bins)) // rows_multiple))
     num_rows = per_device * rows_multiple
     total_completion = int(sum(len(c) for c in completions))
     slots = loss_slots or _next_power_of_two(max(total_completion, 1))

@@ -73,6 +73,9 @@ class Trainer:
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.graphdef, params = nnx.split(model, nnx.Param)
         devices = mesh.devices.size
+        owners = [d.process_index for d in mesh.devices.flat]
+        if owners != sorted(owners):
+            raise ValueError("the trainer mesh must list each process's devices contiguously")
         self.param_shardings = jax.tree.map(
             lambda x: NamedSharding(mesh, fsdp_spec(x.shape, devices)), params)
         self.params = jax.device_put(params, self.param_shardings)
@@ -103,15 +106,23 @@ class Trainer:
         return NamedSharding(self.mesh, PS("fsdp", *([None] * (ndim - 1))))
 
     def device_batch(self, batch: PackedBatch) -> dict:
-        """Place a host-local packed batch on the trainer mesh (rows and slots split over fsdp)."""
+        """Assemble the global batch from every process's packed rows (rows and loss slots split
+        over fsdp). Every process must pass the same number of rows and slots; process p's rows
+        are global rows [p * R, (p + 1) * R), so its flat loss indices shift by p * R * L."""
+        processes, index = jax.process_count(), jax.process_index()
+        rows, row_tokens = batch.tokens.shape
         arrays = {
             "tokens": batch.tokens, "positions": batch.positions, "segment_ids": batch.segment_ids,
-            "loss_index": batch.loss_index, "loss_targets": batch.loss_targets,
-            "loss_mask": batch.loss_mask, "advantages": batch.advantages,
-            "behaviour_logprobs": batch.behaviour_logprobs,
+            "loss_index": batch.loss_index + np.int32(index * rows * row_tokens),
+            "loss_targets": batch.loss_targets, "loss_mask": batch.loss_mask,
+            "advantages": batch.advantages, "behaviour_logprobs": batch.behaviour_logprobs,
         }
-        placed = {k: jax.device_put(v, self._rows_sharding(v.ndim)) for k, v in arrays.items()}
-        placed["normalizer"] = jnp.float32(batch.num_sequences * self.max_new_tokens)
+        placed = {
+            k: jax.make_array_from_process_local_data(
+                self._rows_sharding(v.ndim), v, (v.shape[0] * processes, *v.shape[1:]))
+            for k, v in arrays.items()
+        }
+        placed["normalizer"] = jnp.float32(batch.num_sequences * processes * self.max_new_tokens)
         return placed
 
     def _logprobs_fn(self, params, batch):
@@ -148,6 +159,10 @@ class Trainer:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
-        """The trainer's recomputation of the loss targets' log-probs [K] (for checks and tests)."""
-        return np.asarray(self._logprobs(self.params, self.device_batch(batch)))
+        """The trainer's recomputation of this process's loss targets' log-probs [K]."""
+        values = self._logprobs(self.params, self.device_batch(batch))
+        if values.is_fully_addressable:
+            return np.asarray(values)
+        local = [shard.data for shard in sorted(values.addressable_shards, key=lambda s: s.index[0].start)]
+        return np.concatenate([np.asarray(x) for x in local])
 

@@ -1,0 +1,103 @@
+"""What crosses hosts in a colocated step, and nothing else (Section 2, "Rollout synchronization"):
+
+- packed-shape agreement: hosts exchange their row counts and pad to the largest (Algorithm 1,
+  line 4); with O1 the previous step's metrics ride on the same exchange instead of a barrier
+  of their own;
+- weight publication: the FSDP shards are all-gathered, then each host's replica is assembled
+  from its own devices' buffers, with no host round trip (line 6);
+- the metrics reduction (max and mean over hosts) that process 0 logs.
+
+With one process every exchange is the identity, so the single-host path runs the same code.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+from locoexp.metrics.timing import reduce_over_hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class HostGroup:
+    """This process's place among the run's hosts."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def current(cls) -> "HostGroup":
+        return cls(index=jax.process_index(), count=jax.process_count())
+
+    @property
+    def is_leader(self) -> bool:
+        return self.index == 0
+
+    def allgather(self, values: np.ndarray) -> np.ndarray:
+        """[n] float64 per host -> [H, n] on every host (one collective)."""
+        values = np.asarray(values, np.float64)
+        if self.count == 1:
+            return values[None]
+        return np.asarray(multihost_utils.process_allgather(values)).reshape(self.count, -1)
+
+
+def replicate(params, mesh: Mesh):
+    """All-gather sharded params into a full copy on every device of `mesh` (one program)."""
+    return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))(params)
+
+
+def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
+    """A replicated global array -> the same values on `devices` (this host's), reusing the
+    buffers already on them (no device-to-host transfer)."""
+    sharding = NamedSharding(Mesh(np.array(devices), ("data",)), PS())
+    if array.is_fully_addressable:
+        return jax.device_put(array, sharding)
+    by_device = {shard.device: shard.data for shard in array.addressable_shards}
+    return jax.make_array_from_single_device_arrays(array.shape, sharding, [by_device[d] for d in devices])
+
+
+def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool):
+    """Trainer params (FSDP over `mesh`) -> a full replica on this host's engine `devices`.
+
+    O4 (Table B1): one gather program for every weight; otherwise one per layer and one per
+    remaining top-level parameter group, as a per-layer publisher does."""
+    if one_call:
+        full = replicate(params, mesh)
+    else:
+        pure = nnx.to_pure_dict(params)
+        gathered = {
+            name: ({i: replicate(layer, mesh) for i, layer in sub.items()} if name == "layers"
+                   else replicate(sub, mesh))
+            for name, sub in pure.items()
+        }
+        full = jax.tree.map(lambda x: x, params)
+        nnx.replace_by_pure_dict(full, gathered)
+    return jax.tree.map(lambda x: local_copy(x, devices), full)
+
+
+_SUMMED = ("rollout/tokens_in", "rollout/tokens_out")
+
+
+def combine_host_metrics(per_host: list[dict[str, float]]) -> dict[str, float]:
+    """Per-host records -> one record: timings are the slowest host's (a synchronous step
+    waits for it) with `_mean` beside them; token counts add up; other rollout fields are
+    means over hosts (every host holds the same number of groups) or maxima for `_max` keys."""
+    if len(per_host) == 1:
+        return dict(per_host[0])
+    reduced = reduce_over_hosts(per_host)
+    record = {}
+    for key in per_host[0]:
+        if key.startswith("timing/"):
+            record[key] = reduced[f"{key}_max"]
+            record[f"{key}_mean"] = reduced[f"{key}_mean"]
+        elif key in _SUMMED:
+            record[key] = reduced[f"{key}_mean"] * len(per_host)
+        elif key.endswith("_max"):
+            record[key] = reduced[f"{key}_max"]
+        else:
+            record[key] = reduced[f"{key}_mean"]
+    return record
