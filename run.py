@@ -31,10 +31,23 @@ def to_config(cfg: DictConfig) -> Config:
 
 def _hydra_message(error: Exception) -> str:
     """Hydra/OmegaConf errors -> one sentence naming the key and what is valid."""
-    text = " ".join(str(error).split())
-    for marker in ("Set the environment variable HYDRA_FULL_ERROR",):
-        text = text.split(marker)[0].strip()
-    return text
+    chain = []
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__
+    for cause in chain:
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            key, what = cause.full_key, str(cause).splitlines()[0]
+            if "not in" in what or "not in struct" in what:
+                return f"'{key}' is not a config key; the valid keys are the fields of locoexp/*/config.py."
+            return f"{key}: {what.rstrip('.')}."
+    lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
+    if "Available options" in str(chain[-1]):  # a missing group option: name it and list the valid ones
+        head = lines[0].removeprefix("In 'config': ")
+        options = lines[lines.index(next(x for x in lines if x.startswith("Available options"))) + 1 :]
+        options = [o for o in options if not o.startswith(("Config search path", "provider="))]
+        return f"{head}; valid options: {', '.join(options)}."
+    return " ".join(lines)
 
 
 def _job_overrides(argv: list[str]) -> list[str]:
@@ -69,9 +82,16 @@ def main(cfg: DictConfig) -> None:
 
     hydra_cfg = HydraConfig.get()
     sweep = hydra_cfg.sweep.dir if hydra_cfg.mode.name == "MULTIRUN" else None
-    run(to_config(cfg), run_dir=hydra_cfg.runtime.output_dir,
-        resolved_config=OmegaConf.to_container(cfg, resolve=True),
-        sweep_name=None if sweep is None else sweep.rstrip("/").split("/")[-1])
+    config = to_config(cfg)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["hardware"]["chips"] = config.hardware.chips  # derived; W&B groups runs by it
+    try:
+        # the sweep's date/time directory names the W&B group of a multirun
+        run(config, run_dir=hydra_cfg.runtime.output_dir, resolved_config=resolved,
+            sweep_name=None if sweep is None else "/".join(sweep.rstrip("/").split("/")[-2:]))
+    except ConfigError as error:  # raised after start-up checks that need data (files, vocab)
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cli() -> None:
@@ -81,11 +101,7 @@ def cli() -> None:
         message = str(error) if isinstance(error, ConfigError) else _hydra_message(error)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
-    try:
-        main()
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    main()
 
 
 if __name__ == "__main__":
