@@ -43,16 +43,33 @@ class Config:
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0.")
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
+        hosts = self.hardware.hosts
         if self.placement.kind is not PlacementKind.da:
             require(
                 self.split is None,
                 f"split={self.split} only applies to placement=da, not placement={self.placement.kind.value}; "
                 "remove it or set placement=da.",
             )
-        hosts = self.hardware.hosts
+        else:
+            valid = valid_splits(hosts)
+            shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
+            require(self.split is not None,
+                    f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
+                    f"hosts: {shown}.")
+            require(
+                self.split in valid,
+                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero trainer "
+                f"and rollout host counts; valid splits for {hosts} hosts: "
+                f"{shown}.",
+            )
         if self.placement.kind is PlacementKind.co:
             require(
                 self.dataset.prompts_per_step % hosts == 0,
                 f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
             )
+
+
+def valid_splits(hosts: int) -> list[float]:
+    """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
+    return [t / hosts for t in range(1, hosts)]
