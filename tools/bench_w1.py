@@ -1,0 +1,512 @@
+"""Workload W1 on this CPU: matmul roofline, rollout tokens/s, GRPO step by phase, start-up, memory.
+
+    python tools/bench_w1.py [--steps 3] [--repeats 3] [--no-profile] [--json PATH]
+
+W1 (issue 2): the Qwen3 architecture at `model=tiny_qwen` (V 151,936, D 256, F 768, 4 layers,
+4 query / 2 KV heads, head_dim 64, tied embeddings, fp32, random init); 8 prompts x 8 samples of
+64 random prompt tokens, 64 forced new tokens (`ignore_eos`), AdamW lr 1e-6, no KL.
+
+Every figure is measured here, on this machine, in this process:
+1. the matmul rate: fp32 matmuls (square, and shaped like the output head) under XLA and NumPy,
+   median of timed repeats after warm-up; the best sustained rate is the roofline denominator;
+2. rollout: `JaxEngine.generate` on 64 sequences, median after compile, against its FLOPs;
+3. the real step engine (`Colocated.step`, as `locoexp.main` builds it) split by phase, against
+   the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) / matmul rate;
+4. time to first step (process start to the end of step 0, imports and compiles included) and
+   peak RSS;
+5. optionally (default on) a profile of where rollout and train time goes against each floor.
+
+FLOPs count 2 per multiply-add of the matmuls a phase needs (attention QK^T and PV over the
+causal/cached length included; norms, RoPE, softmax and sampling excluded). The trainer runs the
+body over all R x L row tokens but the output head only on the K loss positions, and that is what
+its floor counts. The step engine's phases are timed in host clocks (`StepTimer`); every phase
+ends with a host read of its results, so the clocks include device time.
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from locoexp.config import Config
+from locoexp.dataset.schedule import PromptSchedule
+from locoexp.dataset.task import Example
+from locoexp.model.config import ModelConfig
+from locoexp.model.transformer import build_model, causal_segment_mask, init_cache
+from locoexp.placement import phases
+from locoexp.placement.colocated import Colocated, StepSettings
+from locoexp.placement.multihost import HostGroup
+from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.sampling import sample_tokens
+from locoexp.trainer.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+W1_OVERRIDES = [
+    "model=tiny_qwen", "model.param_dtype=float32",
+    "dataset.max_prompt_tokens=64", "dataset.max_new_tokens=64",
+    "dataset.prompts_per_step=8", "dataset.samples_per_prompt=8",
+    "algo.learning_rate=1e-6", "algo.kl_coef=0.0",
+    "rollout.temperature=1.0", "rollout.ignore_eos=true",
+]
+PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
+TARGETS = {"rollout_roofline_min": 0.70, "step_over_floor_max": 1.5, "first_step_s_max": 30.0,
+           "peak_rss_gb_max": 3.0}
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; includes interpreter start and imports)."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KB on Linux
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (against wall time: the cores it really got)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def load_averages() -> str:
+    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def time_repeats(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall seconds of `fn` (which must block until its result is ready), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+# ---------------------------------------------------------------- FLOPs (2 per multiply-add)
+
+
+def body_params(m: ModelConfig) -> int:
+    """Matmul weights of the blocks (attention projections and SwiGLU), per token touched once."""
+    attn = m.hidden_dim * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
+    return m.num_layers * (attn + 3 * m.hidden_dim * m.mlp_dim)
+
+
+def head_params(m: ModelConfig) -> int:
+    return m.hidden_dim * m.vocab_size
+
+
+def attention_flops(m: ModelConfig, context: int) -> int:
+    """QK^T and PV of one query token over `context` keys, all layers."""
+    return m.num_layers * 2 * 2 * m.num_heads * m.head_dim * context
+
+
+def rollout_flops(m: ModelConfig, *, sequences: int, prompt: int, new: int) -> dict[str, float]:
+    """Prefill (body on P tokens, head on the last) and decode (body + head on each of M - 1
+    further tokens, attending over the cache filled so far)."""
+    prefill = 2 * prompt * body_params(m) + 2 * head_params(m)
+    prefill += sum(attention_flops(m, i + 1) for i in range(prompt))
+    decode = sum(2 * (body_params(m) + head_params(m)) + attention_flops(m, prompt + t + 1)
+                 for t in range(new - 1))
+    return {"prefill": sequences * prefill, "decode": sequences * decode,
+            "total": sequences * (prefill + decode)}
+
+
+def train_flops(m: ModelConfig, *, rows: int, row_tokens: int, sequence_tokens: int,
+                sequences: int, loss_slots: int) -> dict[str, float]:
+    """3 x forward: body over R x L row tokens, causal attention within each packed sequence,
+    output head on the K loss positions only (the trainer's chunked head)."""
+    body = 2 * rows * row_tokens * body_params(m)
+    body += sequences * sum(attention_flops(m, i + 1) for i in range(sequence_tokens))
+    head = 2 * loss_slots * head_params(m)
+    return {"forward_body": body, "forward_head": head, "total": 3 * (body + head)}
+
+
+# ---------------------------------------------------------------- matmul roofline
+
+
+def matmul_rates(repeats: int) -> list[dict]:
+    """fp32 GFLOP/s of a few matmuls under XLA (jit) and NumPy, median of `repeats`."""
+    shapes = {"square 2048x2048x2048": (2048, 2048, 2048),
+              "decode head [64,256]x[256,151936]": (64, 256, 151_936),
+              "train head chunk [512,256]x[256,151936]": (512, 256, 151_936)}
+    rng = np.random.default_rng(0)
+    dot = jax.jit(jnp.dot)
+    results = []
+    for name, (m, k, n) in shapes.items():
+        a = rng.standard_normal((m, k), np.float32)
+        b = rng.standard_normal((k, n), np.float32)
+        a_dev, b_dev = jnp.asarray(a), jnp.asarray(b)
+        runs = {"xla": lambda a=a_dev, b=b_dev: dot(a, b).block_until_ready(),
+                "numpy": lambda a=a, b=b: a @ b}
+        for backend, fn in runs.items():
+            seconds = statistics.median(time_repeats(fn, repeats=repeats, warmup=2))
+            results.append({"matmul": name, "backend": backend, "seconds": seconds,
+                            "gflops": 2 * m * k * n / seconds / 1e9})
+    return results
+
+
+# ---------------------------------------------------------------- W1 runtime objects
+
+
+@dataclasses.dataclass(frozen=True)
+class IdTokenizer:
+    """Token ids as text; W1 prompts are random ids, never rendered."""
+
+    vocab_size: int
+    eos_id: int = 1
+    pad_id: int = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [int(word) for word in text.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+class RandomPromptTask:
+    """W1's task: prompts of random ids; reward = share of even ids in the completion, a
+    deterministic function that differs between samples, so group advantages are non-zero."""
+
+    def __init__(self, *, vocab_size: int, prompt_tokens: int, num_prompts: int, seed: int):
+        self.tokenizer = IdTokenizer(vocab_size)
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(2, vocab_size, (num_prompts, prompt_tokens), np.int32)
+        self.train = [Example(id=i, prompt_tokens=ids[i], answer="") for i in range(num_prompts)]
+        self.eval = self.train[:8]
+        self.long_prompts = 0
+
+    def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
+        return np.array([np.mean(c % 2 == 0) if len(c) else 0.0 for c in completions], np.float32)
+
+    def is_correct(self, rewards: np.ndarray) -> np.ndarray:
+        return rewards >= 0.5
+
+
+def compose_w1() -> Config:
+    """The W1 config through Hydra, as `run.py` composes it (`import run` registers the schema)."""
+    sys.path.insert(0, str(REPO))
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+
+    import run  # noqa: PLC0415
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run.to_config(compose(config_name="config", overrides=W1_OVERRIDES))
+
+
+def build_settings(config: Config, *, local_devices: int) -> StepSettings:
+    """The step's plain values, as the step engine's builder derives them from the config."""
+    r, d = config.rollout, config.dataset
+    row_tokens = config.trainer.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
+    return StepSettings(
+        group_size=d.samples_per_prompt, max_new_tokens=d.max_new_tokens, row_tokens=row_tokens,
+        loss_slot_multiple=config.trainer.logit_chunk_tokens * local_devices,
+        sampling=SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                ignore_eos=r.ignore_eos),
+        eval_sampling=SamplingParams(temperature=r.eval_temperature, top_k=r.top_k, top_p=r.top_p),
+        advantage=config.algo.advantage, advantage_eps=config.algo.advantage_eps, opt=config.opt,
+        seed=config.seed,
+    )
+
+
+def build_runner(config: Config) -> Colocated:
+    """The runtime objects of one `placement=co` host, with W1's random-prompt task."""
+    d = config.dataset
+    task = RandomPromptTask(vocab_size=config.model.vocab_size, prompt_tokens=d.max_prompt_tokens,
+                            num_prompts=8 * d.prompts_per_step, seed=d.seed)
+    schedule = PromptSchedule(len(task.train), d.prompts_per_step, seed=d.seed,
+                              batches_per_pass=None, passes=1)
+    model = build_model(config.model, seed=config.seed)
+    devices = jax.local_devices()
+    engine = JaxEngine(model, config.rollout, eos_id=task.tokenizer.eos_id,
+                       pad_id=task.tokenizer.pad_id, devices=devices)
+    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+    trainer = Trainer(model, config.algo, config.trainer, mesh=mesh,
+                      temperature=config.rollout.temperature, max_new_tokens=d.max_new_tokens)
+    return Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer,
+                     settings=build_settings(config, local_devices=len(devices)),
+                     hosts=HostGroup.current())
+
+
+def run_steps(runner: Colocated, steps: int) -> tuple[float, list[dict]]:
+    """Step 0 (compiles) then `steps` timed steps, with `run_loop`'s O2 gc freeze after step 0.
+    Returns the process age at the end of step 0 and every step's record."""
+    records, first_step_s = [], 0.0
+    for step in range(steps + 1):
+        if step == 1 and runner.settings.opt.freeze_gc:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+        cpu_start = cpu_seconds()
+        with runner.timer.step():
+            metrics = runner.step(step)
+        if step == 0:
+            first_step_s = process_age_s()
+        records.append({"step": step, **metrics, **runner.timer.metrics(),
+                        "cpu_s": cpu_seconds() - cpu_start})
+    if runner.settings.opt.freeze_gc:
+        gc.enable()
+    return first_step_s, records
+
+
+# ---------------------------------------------------------------- profile
+
+
+def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
+    """The engine's compiled program alone, and one decode iteration's parts in isolation."""
+    engine, m = runner.engine, runner.engine.model_config
+    n, p = len(prompts), len(prompts[0])
+    new, sampling = runner.settings.max_new_tokens, runner.settings.sampling
+    program = engine._program(n, p, new, sampling)  # the very program generate() runs
+    tokens, lens = (jax.device_put(x) for x in engine._left_pad(prompts, p))
+    key = jax.random.key(1)
+    out = {"program_s": statistics.median(time_repeats(
+        lambda: jax.block_until_ready(program(engine.params, tokens, lens, key)), repeats=repeats))}
+
+    graphdef, params, slots = engine.graphdef, engine.params, p + new
+    cache = init_cache(m, n, slots)
+    mask1 = jnp.ones((n, 1, slots), bool)
+    pos1, tok1 = jnp.full((n, 1), p + 32, jnp.int32), jnp.ones((n, 1), jnp.int32)
+
+    @jax.jit
+    def body_step(params, tok, pos, mask, cache):
+        return nnx.merge(graphdef, params)(tok, pos, mask, cache, p + 32)
+
+    @jax.jit
+    def head(params, hidden):
+        return nnx.merge(graphdef, params).logits(hidden)
+
+    @jax.jit
+    def head_sample(params, hidden, key):
+        return sample_tokens(key, nnx.merge(graphdef, params).logits(hidden), temperature=1.0)
+
+    @jax.jit
+    def prefill(params, tokens, cache):
+        model = nnx.merge(graphdef, params)
+        positions = jnp.broadcast_to(jnp.arange(p), (n, p))
+        causal = jnp.arange(slots)[None, None, :] <= jnp.arange(p)[None, :, None]
+        hidden, cache = model(tokens, positions, jnp.broadcast_to(causal, (n, p, slots)), cache, 0)
+        return model.logits(hidden[:, -1]), cache
+
+    hidden = jax.random.normal(jax.random.key(2), (n, m.hidden_dim))
+    runs = {"decode_body_s": lambda: body_step(params, tok1, pos1, mask1, cache),
+            "decode_head_s": lambda: head(params, hidden),
+            "decode_head_sample_s": lambda: head_sample(params, hidden, key),
+            "prefill_s": lambda: prefill(params, tokens, cache)}
+    for name, fn in runs.items():
+        out[name] = statistics.median(time_repeats(lambda fn=fn: jax.block_until_ready(fn()),
+                                                   repeats=5 * repeats, warmup=2))
+    return out
+
+
+def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
+    """The train step alone on a real packed batch, its forward alone, and the body alone."""
+    s, trainer = runner.settings, runner.trainer
+    admitted = phases.admit(runner.task, runner.schedule, 0, host=0, hosts=1,
+                            group_size=s.group_size, balance=False)
+    rollout = phases.generate(runner.engine, admitted, key=jax.random.key(3),
+                              max_new_tokens=s.max_new_tokens, sampling=s.sampling)
+    scored = phases.score(runner.task, admitted, rollout, advantage=s.advantage,
+                          eps=s.advantage_eps)
+    slots = len(admitted.requests) * s.max_new_tokens
+    slots = -(-slots // s.loss_slot_multiple) * s.loss_slot_multiple
+    batch = phases.pack(admitted, rollout, scored, row_tokens=s.row_tokens, rows_multiple=1,
+                        agree_rows=lambda rows: rows, loss_slots=slots)
+    placed = trainer.device_batch(batch)
+    graphdef = trainer.graphdef
+
+    @jax.jit
+    def body_forward(params, b):
+        model = nnx.merge(graphdef, params)
+        return model(b["tokens"], b["positions"], causal_segment_mask(b["segment_ids"]))[0]
+
+    runs = {"train_step_s": lambda: trainer.train_step(batch),
+            "forward_logprobs_s": lambda: trainer._logprobs(trainer.params, placed),
+            "forward_body_s": lambda: body_forward(trainer.params, placed)}
+    return {name: statistics.median(time_repeats(lambda fn=fn: jax.block_until_ready(fn()),
+                                                 repeats=repeats)) for name, fn in runs.items()}
+
+
+# ---------------------------------------------------------------- report
+
+
+def bench_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
+    """`JaxEngine.generate` wall seconds (median after the compile of the first call)."""
+    s, results = runner.settings, []
+
+    def once():
+        results.append(runner.engine.generate(prompts, key=jax.random.key(len(results)),
+                                              max_new_tokens=s.max_new_tokens, sampling=s.sampling))
+
+    seconds = statistics.median(time_repeats(once, repeats=repeats))
+    rollout = results[-1]
+    assert (rollout.lengths == s.max_new_tokens).all(), "ignore_eos must force every completion"
+    return {"seconds": seconds, "tokens": int(rollout.lengths.sum()),
+            "decode_iterations": rollout.decode_iterations}
+
+
+def verdict(name: str, met: bool, detail: str) -> str:
+    return f"  {name:<34} {'met' if met else 'NOT met':<8} {detail}"
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps after step 0")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement")
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-part profile")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    report: dict = {"cpus": os.cpu_count(), "load_start": os.getloadavg()}
+    print(f"W1 benchmark, CPU figures ({report['cpus']} CPUs, {jax.devices()[0].platform}, jax "
+          f"{jax.__version__}); {load_averages()}", flush=True)
+
+    config = compose_w1()
+    m, d = config.model, config.dataset
+    runner = build_runner(config)
+    first_step_s, records = run_steps(runner, args.steps)
+    rss_run = peak_rss_gb()
+    n = d.prompts_per_step * d.samples_per_prompt
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(2, m.vocab_size, d.max_prompt_tokens, np.int32) for _ in range(n)]
+    rollout = bench_rollout(runner, prompts, args.repeats)
+    rates = matmul_rates(args.repeats)
+    best = max(rates, key=lambda r: r["gflops"])
+
+    r_flops = rollout_flops(m, sequences=n, prompt=d.max_prompt_tokens, new=d.max_new_tokens)
+    steady = records[1:]
+    rows = int(steady[-1]["train/rows"])
+    t_flops = train_flops(m, rows=rows, row_tokens=runner.settings.row_tokens,
+                          sequence_tokens=d.max_prompt_tokens + d.max_new_tokens, sequences=n,
+                          loss_slots=n * d.max_new_tokens)
+    rate = best["gflops"] * 1e9
+    phase_s = {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES}
+    step_s = statistics.median(r["timing/step_s"] for r in steady)
+    floor_s = (r_flops["total"] + t_flops["total"]) / rate
+    roofline = r_flops["total"] / rollout["seconds"] / rate
+    report.update(
+        overrides=W1_OVERRIDES, matmul=rates, roofline_gflops=best["gflops"],
+        roofline_source=f"{best['matmul']} ({best['backend']})",
+        rollout={**rollout, "tokens_per_s": rollout["tokens"] / rollout["seconds"],
+                 "s_per_decode_iteration": rollout["seconds"] / rollout["decode_iterations"],
+                 "flops": r_flops, "roofline_fraction": roofline},
+        step={"phases_s": phase_s, "step_s": step_s, "unaccounted_s":
+              statistics.median(r["timing/unaccounted_s"] for r in steady),
+              "rollout_flops": r_flops["total"], "train_flops": t_flops, "rows": rows,
+              "floor_s": floor_s, "step_over_floor": step_s / floor_s,
+              "cpu_s": statistics.median(r["cpu_s"] for r in steady),
+              "step_decode_s_per_iteration": statistics.median(
+                  r["rollout/decode_s_per_iteration"] for r in steady),
+              "reward_mean": [r["rollout/reward_mean"] for r in records],
+              "first_step_record": records[0]},
+        first_step_s=first_step_s, peak_rss_gb_run=rss_run,
+    )
+    print_report(report, m)
+    if not args.no_profile:
+        report["profile"] = run_profile(runner, prompts, args.repeats, rate, m, r_flops, t_flops)
+    report["peak_rss_gb_end"] = peak_rss_gb()
+    report["load_end"] = os.getloadavg()
+    print(f"\n{load_averages()} (end); peak RSS at the end of the script "
+          f"{report['peak_rss_gb_end']:.2f} GB")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return report
+
+
+def print_report(r: dict, m: ModelConfig) -> None:
+    print("\n1. Matmul rate (fp32, median of timed repeats after warm-up):")
+    for x in r["matmul"]:
+        print(f"  {x['matmul']:<42} {x['backend']:<6} {x['seconds'] * 1e3:9.2f} ms  "
+              f"{x['gflops']:8.1f} GFLOP/s")
+    print(f"  roofline denominator = best sustained rate: {r['roofline_gflops']:.1f} GFLOP/s "
+          f"({r['roofline_source']})")
+    ro, st = r["rollout"], r["step"]
+    print(f"\n2. Rollout (JaxEngine.generate, 64 seqs x 64 prompt + 64 forced new tokens, T=1; "
+          f"body {body_params(m) / 1e6:.2f}M + head {head_params(m) / 1e6:.2f}M matmul params):")
+    print(f"  wall {ro['seconds']:.2f} s (median)  {ro['tokens_per_s']:.0f} new tokens/s  "
+          f"{ro['s_per_decode_iteration'] * 1e3:.1f} ms per decode iteration "
+          f"({ro['decode_iterations']} iterations, prefill included)")
+    rf, tf = ro["flops"], st["train_flops"]
+    print(f"  FLOPs {rf['total'] / 1e9:.1f} G (prefill {rf['prefill'] / 1e9:.1f} G, decode "
+          f"{rf['decode'] / 1e9:.1f} G) -> {rf['total'] / ro['seconds'] / 1e9:.1f} GFLOP/s = "
+          f"{ro['roofline_fraction']:.1%} of the roofline")
+    steps = len(st["reward_mean"]) - 1
+    print(f"\n3. GRPO step (Colocated.step, medians of {steps} steps after step 0):")
+    for name, seconds in st["phases_s"].items():
+        print(f"  {name:<12} {seconds:8.3f} s")
+    print(f"  {'unaccounted':<12} {st['unaccounted_s']:8.3f} s")
+    print(f"  {'step':<12} {st['step_s']:8.3f} s (the step's own decode s/iteration: "
+          f"{st['step_decode_s_per_iteration'] * 1e3:.1f} ms)")
+    print(f"  CPU time of this process per step {st['cpu_s']:.1f} s = "
+          f"{st['cpu_s'] / st['step_s']:.2f} cores busy on average (of {r['cpus']}; less means "
+          "other processes took the rest)")
+    print(f"  compute floor = (rollout {st['rollout_flops'] / 1e9:.1f} G + train "
+          f"{tf['total'] / 1e9:.1f} G) / rate = {st['floor_s']:.2f} s; step / floor = "
+          f"{st['step_over_floor']:.2f}\n  train = 3 x forward: body over all {st['rows']} rows x "
+          f"L tokens {tf['forward_body'] / 1e9:.1f} G + output head on the K loss positions only "
+          f"{tf['forward_head'] / 1e9:.1f} G (what the trainer computes)")
+    print(f"  reward mean per step: {', '.join(f'{x:.3f}' for x in st['reward_mean'])}")
+    print(f"\n4. Time to first step (process start -> end of step 0): {r['first_step_s']:.1f} s; "
+          f"peak RSS after the W1 steps {r['peak_rss_gb_run']:.2f} GB")
+    print("\n5. Verdicts (CPU figures):")
+    fraction, ratio = ro["roofline_fraction"], st["step_over_floor"]
+    print(verdict("rollout >= 70% of matmul roofline", fraction >= TARGETS["rollout_roofline_min"],
+                  f"{fraction:.1%}"))
+    print(verdict("GRPO step <= 1.5 x compute floor", ratio <= TARGETS["step_over_floor_max"],
+                  f"{st['step_s']:.2f} s / {st['floor_s']:.2f} s = {ratio:.2f}x"))
+    print(verdict("time to first step <= 30 s", r["first_step_s"] <= TARGETS["first_step_s_max"],
+                  f"{r['first_step_s']:.1f} s"))
+    print(verdict("peak RSS <= 3 GB", r["peak_rss_gb_run"] <= TARGETS["peak_rss_gb_max"],
+                  f"{r['peak_rss_gb_run']:.2f} GB"), flush=True)
+
+
+def run_profile(runner: Colocated, prompts: list[np.ndarray], repeats: int, rate: float,
+                m: ModelConfig, r_flops: dict, t_flops: dict) -> dict:
+    """Each part's time next to its floor (FLOPs / roofline rate)."""
+    n, new = len(prompts), runner.settings.max_new_tokens
+    ro = profile_rollout(runner, prompts, repeats)
+    tr = profile_train(runner, repeats)
+    body_dec = n * (2 * body_params(m) + attention_flops(m, len(prompts[0]) + 32))
+    head_dec = n * 2 * head_params(m)
+    fwd = t_flops["forward_body"] + t_flops["forward_head"]
+    lines = [
+        ("rollout: compiled program alone", ro["program_s"], r_flops["total"]),
+        ("  prefill (64x64 tokens + head on last)", ro["prefill_s"], r_flops["prefill"]),
+        ("  decode: body, one token, 64 rows", ro["decode_body_s"], body_dec),
+        ("  decode: head [64,256]x[256,V]", ro["decode_head_s"], head_dec),
+        ("  decode: head + sampling", ro["decode_head_sample_s"], head_dec),
+        ("  decode: parts x (M-1) iterations",
+         (new - 1) * (ro["decode_body_s"] + ro["decode_head_sample_s"]), r_flops["decode"]),
+        ("train: step alone (fwd + bwd + AdamW)", tr["train_step_s"], t_flops["total"]),
+        ("  forward (logprobs on K positions)", tr["forward_logprobs_s"], fwd),
+        ("  forward body only (R x L tokens)", tr["forward_body_s"], t_flops["forward_body"]),
+        ("  forward head only (difference)", tr["forward_logprobs_s"] - tr["forward_body_s"],
+         t_flops["forward_head"]),
+        ("  backward + AdamW (difference)", tr["train_step_s"] - tr["forward_logprobs_s"], 2 * fwd),
+    ]
+    print("\n6. Profile (each part alone, median; floor = its FLOPs / roofline rate):")
+    print(f"  {'part':<42} {'seconds':>9} {'floor s':>9} {'x floor':>8}")
+    for name, seconds, flops in lines:
+        print(f"  {name:<42} {seconds:9.3f} {flops / rate:9.3f} {seconds * rate / flops:8.2f}")
+    table = [{"part": a.strip(), "seconds": b, "floor_s": c / rate} for a, b, c in lines]
+    return {**ro, **tr, "lines": table}
+
+
+if __name__ == "__main__":
+    main()
