@@ -33,8 +33,8 @@ class Config:
     # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
     split: float | None = None
     seed: int = 0  # model init and sampling
-    steps: int = 120  # optimizer updates (one per batch)
-    eval_every_steps: int = 0  # held-out evaluation period; 0 = only after the last step
+    steps: int = 150  # optimizer updates (one per batch)
+    eval_every_steps: int = 25  # held-out evaluation period; 0 = only after the last step
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit

@@ -5,7 +5,7 @@ model's checkpoint directory) has tokenizer files, else with the real Qwen3 toke
 """
 
 from locoexp.dataset.config import DatasetConfig, DatasetKind
-from locoexp.dataset.synthetic import ReverseDigitsTask
+from locoexp.dataset.synthetic import EchoDigitsTask
 from locoexp.dataset.task import Task
 
 
@@ -18,7 +18,7 @@ def build_task(config: DatasetConfig, *, tokenizer_dir: str | None = None) -> Ta
 
     match config.kind:
         case DatasetKind.synthetic:
-            return ReverseDigitsTask(config.synthetic, seed=config.seed)
+            return EchoDigitsTask(config.synthetic, seed=config.seed)
         case DatasetKind.gsm8k:
             return build_math_task(
                 config,

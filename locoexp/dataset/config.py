@@ -32,9 +32,9 @@ class LongPrompts(enum.Enum):
 
 @dataclasses.dataclass(kw_only=True)
 class SyntheticTaskConfig:
-    """The embedded task: reverse a string of digits (see locoexp/dataset/synthetic.py)."""
+    """The embedded task: echo a string of digits (see locoexp/dataset/synthetic.py)."""
 
-    num_digits: int = 3  # digits per prompt; the answer is the same digits reversed
+    num_digits: int = 3  # digits per prompt; the answer repeats them
     num_symbols: int = 10  # distinct digit symbols
     train_size: int = 800  # distinct training prompts
     eval_size: int = 200  # held-out prompts, disjoint from training prompts
@@ -75,8 +75,8 @@ class DatasetConfig:
     # Use only the first N rows of the training split (Table I3: GSM8K's first 7,424 rows);
     # None = all rows. Applied as a `datasets` split slice, before prompts are rendered.
     max_train_rows: int | None = None
-    prompts_per_step: int = 16  # B
-    samples_per_prompt: int = 8  # G, the GRPO group size
+    prompts_per_step: int = 32  # B
+    samples_per_prompt: int = 16  # G, the GRPO group size
     seed: int = 0  # prompt order
     # The paper's protocol (Section 3.1, Appendix A): the same `batches_per_pass` batches are
     # seen `passes` times in the same order; None = walk the whole training split each pass.

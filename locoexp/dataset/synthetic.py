@@ -1,9 +1,15 @@
-"""The embedded default task: reverse a string of digits, learnable from scratch on CPU.
+"""The embedded default task: echo a string of digits, learnable from scratch on CPU.
 
-Prompt `<bos> d1 d2 d3 =`, answer `d3 d2 d1 <eos>`. The answer space is the whole digit string, so
-a random tiny policy starts near chance (each answer token is right about 1/V of the time), and
-the reward gives credit per correct position, so GRPO groups carry signal from the first step.
-Training and held-out prompts are disjoint digit strings drawn without replacement.
+Prompt `<bos> d1 d2 d3 =`, answer `d1 d2 d3 <eos>`. The answer space is every digit string, so a
+random tiny policy starts near chance (each answer token is right about 1/V of the time), and the
+reward gives credit per correct position, so GRPO groups carry signal from the first step.
+Training and held-out prompts are disjoint digit strings drawn without replacement, so held-out
+accuracy measures the learned rule, not memorised prompts.
+
+Why echo and not a harder rule: with 32 prompts x 16 samples per step the tiny default model
+learns it in about 70 steps (about a minute on 2 CPU cores). Reversing the digits needs a
+position-dependent lookup that RL from scratch found far more slowly (reward 0.4-0.66 after
+300-400 steps in our sweeps), and an increment-each-digit rule stalled on one unexplored mapping.
 """
 
 import dataclasses
@@ -38,7 +44,7 @@ class DigitTokenizer:
         return "".join(names.get(int(i), str(int(i) - DIGIT0)) for i in ids)
 
 
-class ReverseDigitsTask:
+class EchoDigitsTask:
     """Reward = share of the answer positions (digits, then EOS) the completion gets right."""
 
     def __init__(self, config: SyntheticTaskConfig, *, seed: int):
@@ -59,7 +65,7 @@ class ReverseDigitsTask:
     @staticmethod
     def _example(index: int, digits: list[int]) -> Example:
         prompt = np.array([BOS, *(DIGIT0 + d for d in digits), SEP], np.int32)
-        return Example(id=index, prompt_tokens=prompt, answer="".join(map(str, digits[::-1])))
+        return Example(id=index, prompt_tokens=prompt, answer="".join(map(str, digits)))
 
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
         rewards = np.zeros(len(examples), np.float32)
