@@ -39,19 +39,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
 from locoexp.config import Config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example
+from locoexp.main import build_runner
 from locoexp.model.config import ModelConfig
-from locoexp.model.transformer import build_model, causal_segment_mask, init_cache
+from locoexp.model.transformer import causal_segment_mask, init_cache
 from locoexp.placement import phases
-from locoexp.placement.colocated import Colocated, StepSettings
+from locoexp.placement.colocated import Colocated
 from locoexp.placement.multihost import HostGroup
-from locoexp.rollout.engine import JaxEngine, SamplingParams
 from locoexp.rollout.sampling import sample_tokens
-from locoexp.trainer.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 W1_OVERRIDES = [
@@ -210,38 +208,14 @@ def compose_w1() -> Config:
         return run.to_config(compose(config_name="config", overrides=W1_OVERRIDES))
 
 
-def build_settings(config: Config, *, local_devices: int) -> StepSettings:
-    """The step's plain values, as the step engine's builder derives them from the config."""
-    r, d = config.rollout, config.dataset
-    row_tokens = config.trainer.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
-    return StepSettings(
-        group_size=d.samples_per_prompt, max_new_tokens=d.max_new_tokens, row_tokens=row_tokens,
-        loss_slot_multiple=config.trainer.logit_chunk_tokens * local_devices,
-        sampling=SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                ignore_eos=r.ignore_eos),
-        eval_sampling=SamplingParams(temperature=r.eval_temperature, top_k=r.top_k, top_p=r.top_p),
-        advantage=config.algo.advantage, advantage_eps=config.algo.advantage_eps, opt=config.opt,
-        seed=config.seed,
-    )
-
-
-def build_runner(config: Config) -> Colocated:
-    """The runtime objects of one `placement=co` host, with W1's random-prompt task."""
+def build_w1_runner(config: Config) -> Colocated:
+    """`locoexp.main.build_runner` (engine, trainer, step settings) with W1's random-prompt task."""
     d = config.dataset
     task = RandomPromptTask(vocab_size=config.model.vocab_size, prompt_tokens=d.max_prompt_tokens,
                             num_prompts=8 * d.prompts_per_step, seed=d.seed)
     schedule = PromptSchedule(len(task.train), d.prompts_per_step, seed=d.seed,
                               batches_per_pass=None, passes=1)
-    model = build_model(config.model, seed=config.seed)
-    devices = jax.local_devices()
-    engine = JaxEngine(model, config.rollout, eos_id=task.tokenizer.eos_id,
-                       pad_id=task.tokenizer.pad_id, devices=devices)
-    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
-    trainer = Trainer(model, config.algo, config.trainer, mesh=mesh,
-                      temperature=config.rollout.temperature, max_new_tokens=d.max_new_tokens)
-    return Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer,
-                     settings=build_settings(config, local_devices=len(devices)),
-                     hosts=HostGroup.current())
+    return build_runner(config, task, schedule, HostGroup.current())
 
 
 def run_steps(runner: Colocated, steps: int) -> tuple[float, list[dict]]:
@@ -378,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     config = compose_w1()
     m, d = config.model, config.dataset
-    runner = build_runner(config)
+    runner = build_w1_runner(config)
     first_step_s, records = run_steps(runner, args.steps)
     rss_run = peak_rss_gb()
     n = d.prompts_per_step * d.samples_per_prompt
@@ -462,8 +436,12 @@ def print_report(r: dict, m: ModelConfig) -> None:
           f"L tokens {tf['forward_body'] / 1e9:.1f} G + output head on the K loss positions only "
           f"{tf['forward_head'] / 1e9:.1f} G (what the trainer computes)")
     print(f"  reward mean per step: {', '.join(f'{x:.3f}' for x in st['reward_mean'])}")
-    print(f"\n4. Time to first step (process start -> end of step 0): {r['first_step_s']:.1f} s; "
-          f"peak RSS after the W1 steps {r['peak_rss_gb_run']:.2f} GB")
+    step0, first = st["first_step_record"], r["first_step_s"]
+    print(f"\n4. Time to first step (process start -> end of step 0): {first:.1f} s = start-up "
+          f"(imports, config, model init) {first - step0['timing/step_s']:.1f} s + step 0 "
+          f"{step0['timing/step_s']:.1f} s (generation {step0['timing/generation_s']:.1f} s, "
+          f"train {step0['timing/train_s']:.1f} s, compiles included)")
+    print(f"  peak RSS after the W1 steps {r['peak_rss_gb_run']:.2f} GB")
     print("\n5. Verdicts (CPU figures):")
     fraction, ratio = ro["roofline_fraction"], st["step_over_floor"]
     print(verdict("rollout >= 70% of matmul roofline", fraction >= TARGETS["rollout_roofline_min"],
