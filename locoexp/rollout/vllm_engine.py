@@ -81,7 +81,7 @@ class VllmEngine:
         self.config, self.model_config = config, model.config
         self.eos_id, self.pad_id = eos_id, pad_id
         self._devices = list(devices)
-        platform = platform_of(devices)
+        platform_kwargs = _platform_kwargs(config, platform_of(devices))  # refuse before writing
         self._names = tensor_names(model.config)
         directory = pathlib.Path(checkpoint_dir or tempfile.mkdtemp(prefix="locoexp-vllm-"))
         save_checkpoint(model, model.config, str(directory))
@@ -99,7 +99,7 @@ class VllmEngine:
             max_num_seqs=config.capacity or 256, max_model_len=max_model_tokens,
             enforce_eager=config.enforce_eager, logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION, seed=0,
-            **_platform_kwargs(config, platform),
+            **platform_kwargs,
         )
         # phases.publish blocks on `engine.params`: publication here is synchronous, vLLM holds
         # the weights, so there is nothing left to wait for.
