@@ -32,7 +32,8 @@ from locoexp.placement.colocated import Colocated, LoopHooks, StepSettings, run_
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
 from locoexp.placement.multihost import HostGroup
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.build import build_engine
+from locoexp.rollout.engine import SamplingParams
 from locoexp.trainer.trainer import Trainer
 
 
@@ -143,12 +144,13 @@ def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGrou
     model = load_model(config.model, seed=config.seed)
     engine_devices = jax.local_devices() if hosts.count > 1 or config.placement.kind is PlacementKind.co \
         else jax.devices()
-    engine = JaxEngine(model, config.rollout, eos_id=task.tokenizer.eos_id,
-                       pad_id=task.tokenizer.pad_id, devices=engine_devices)
+    engine = build_engine(model, config.rollout, eos_id=task.tokenizer.eos_id,
+                          pad_id=task.tokenizer.pad_id, devices=engine_devices,
+                          max_sequence_tokens=config.dataset.max_prompt_tokens + config.dataset.max_new_tokens)
     trainer = Trainer(model, config.algo, config.trainer, mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
                       temperature=config.rollout.temperature, max_new_tokens=config.dataset.max_new_tokens)
     return Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer,
-                     settings=build_settings(config, local_devices=len(engine_devices)), hosts=hosts)
+                     settings=build_settings(config, local_devices=len(jax.local_devices())), hosts=hosts)
 
 
 def build_schedule(config: Config, num_examples: int) -> PromptSchedule:

@@ -79,7 +79,7 @@ class Colocated:
         with timer.phase("pack"):
             slots = _round_up(len(admitted.requests) * s.max_new_tokens, s.loss_slot_multiple)
             batch = phases.pack(admitted, rollout, scored, row_tokens=s.row_tokens,
-                                rows_multiple=self.engine.num_devices, agree_rows=self._agree_rows,
+                                rows_multiple=self.trainer.local_devices, agree_rows=self._agree_rows,
                                 loss_slots=slots)
         with timer.phase("train"):
             train_metrics = self.trainer.train_step(batch)

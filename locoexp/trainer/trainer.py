@@ -102,6 +102,11 @@ class Trainer:
     def devices(self) -> int:
         return self.mesh.devices.size
 
+    @property
+    def local_devices(self) -> int:
+        """This process's trainer devices: its packed rows are split over them."""
+        return sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
+
     def _rows_sharding(self, ndim: int) -> NamedSharding:
         return NamedSharding(self.mesh, PS("fsdp", *([None] * (ndim - 1))))
 

@@ -1,0 +1,131 @@
+"""co vs single_controller on local hosts, and the effect of each of O1-O4 (issue [4 of 7]).
+
+Runs the real platform (`locoexp.main.run`: real host processes, real GSM8K rows, the real Qwen3
+tokenizer, a small Qwen3-vocabulary model, short caps: a GSM8K-shaped workload scaled to a CPU),
+arms interleaved launch by launch, and prints per arm the median steady step time, the
+single-controller/co ratio per step and per token with a 95% bootstrap interval and the paper's
+verdict rule (Appendix A), the single controller's admission time against the slowest co host's,
+and seconds per decode iteration. Then each of O1-O4 switched off alone against `opt=optimized`.
+
+    python tools/bench_placements.py [--hosts 2 4] [--launches 2] [--steps 8] [--json out.json]
+
+These are CPU figures from processes sharing this machine's cores; they are not TPU figures.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import run as run_module  # noqa: E402  (registers the config schema)
+from locoexp.analysis.compare import bootstrap_ratio, equal_work, verdict  # noqa: E402
+from locoexp.main import run  # noqa: E402
+from locoexp.metrics.record import read_records  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "gsm8k"
+WORKLOAD = [
+    "model=tiny_qwen", "model.hidden_dim=64", "model.mlp_dim=192", "model.num_layers=2",
+    "model.head_dim=16", "dataset=gsm8k", f"dataset.data_files={DATA / 'train.jsonl'}",
+    f"dataset.eval_data_files={DATA / 'test.jsonl'}", "dataset.max_train_rows=512",
+    "dataset.prompts_per_step=8", "dataset.samples_per_prompt=4", "dataset.max_prompt_tokens=256",
+    "dataset.max_new_tokens=16", "dataset.eval_size=4", "eval_every_steps=0",
+]
+LEVERS = {"O1": "opt.metrics_off_barrier", "O2": "opt.freeze_gc", "O3": "opt.balance_prompts",
+          "O4": "opt.publish_in_one_call"}
+WARMUP_STEPS = 2
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose  # noqa: PLC0415
+    from hydra import initialize_config_dir  # noqa: PLC0415
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run_module.to_config(hydra_compose(config_name="config", overrides=overrides))
+
+
+def launch(overrides: list[str], steps: int) -> list[dict]:
+    """One launch; its steady step records."""
+    with tempfile.TemporaryDirectory() as folder:
+        run(compose(WORKLOAD + [f"steps={steps}"] + overrides), run_dir=folder, progress=False)
+        records = read_records(Path(folder) / "metrics.jsonl")
+    return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
+
+
+def tokens(record: dict) -> float:
+    return record["rollout/tokens_in"] + record["rollout/tokens_out"]
+
+
+def compare_placements(hosts: int, launches: int, steps: int) -> dict:
+    arms = {"co": [], "single_controller": []}
+    for _ in range(launches):
+        for arm in arms:
+            arms[arm] += launch([f"placement={arm}", f"hardware.hosts={hosts}"], steps)
+    co, sc = arms["co"], arms["single_controller"]
+    per_step = bootstrap_ratio([r["timing/step_s"] for r in sc], [r["timing/step_s"] for r in co])
+    per_token = bootstrap_ratio([r["timing/step_s"] / tokens(r) for r in sc],
+                                [r["timing/step_s"] / tokens(r) for r in co])
+    return {
+        "hosts": hosts,
+        "co_step_s": float(np.median([r["timing/step_s"] for r in co])),
+        "single_controller_step_s": float(np.median([r["timing/step_s"] for r in sc])),
+        "ratio_per_step": vars(per_step), "ratio_per_token": vars(per_token),
+        "verdict": verdict(per_step, per_token, equal_work(sc, co)),
+        "admission_single_controller_s": float(np.median([r["timing/admission_s"] for r in sc])),
+        "admission_slowest_co_host_s": float(np.median([r["timing/admission_s"] for r in co])),
+        "decode_s_per_iteration_co": float(np.median([r["rollout/decode_s_per_iteration"] for r in co])),
+        "decode_s_per_iteration_single_controller":
+            float(np.median([r["rollout/decode_s_per_iteration"] for r in sc])),
+    }
+
+
+def lever_effects(hosts: int, launches: int, steps: int) -> dict:
+    arms = {"optimized": ["opt=optimized"]}
+    arms.update({f"{name} off": ["opt=optimized", f"{key}=false"] for name, key in LEVERS.items()})
+    times = {arm: [] for arm in arms}
+    for _ in range(launches):
+        for arm, overrides in arms.items():
+            times[arm] += [r["timing/step_s"]
+                           for r in launch(overrides + [f"hardware.hosts={hosts}"], steps)]
+    base = times["optimized"]
+    return {arm: {"step_s": float(np.median(t)), "off_over_on": vars(bootstrap_ratio(t, base))}
+            for arm, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--launches", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--lever-hosts", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = {"placements": [], "levers": None}
+    for hosts in args.hosts:
+        result = compare_placements(hosts, args.launches, args.steps)
+        results["placements"].append(result)
+        r, t = result["ratio_per_step"], result["ratio_per_token"]
+        print(f"[CPU, {hosts} local hosts] co {result['co_step_s']:.3f} s/step, single_controller "
+              f"{result['single_controller_step_s']:.3f} s/step; ratio sc/co {r['value']:.3f} "
+              f"[{r['low']:.3f}, {r['high']:.3f}] per step, {t['value']:.3f} [{t['low']:.3f}, "
+              f"{t['high']:.3f}] per token -> {result['verdict']}", flush=True)
+        print(f"  admission: single controller {1e3 * result['admission_single_controller_s']:.2f} ms, "
+              f"slowest co host {1e3 * result['admission_slowest_co_host_s']:.2f} ms; decode "
+              f"{1e3 * result['decode_s_per_iteration_single_controller']:.2f} vs "
+              f"{1e3 * result['decode_s_per_iteration_co']:.2f} ms/iteration (sc vs co)", flush=True)
+    results["levers"] = lever_effects(args.lever_hosts, args.launches, args.steps)
+    for arm, row in results["levers"].items():
+        ratio = row["off_over_on"]
+        print(f"[CPU, {args.lever_hosts} hosts, co] {arm:>9}: {row['step_s']:.3f} s/step; vs optimized "
+              f"{ratio['value']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
