@@ -134,13 +134,6 @@ def test_train_steps_lower_the_loss_on_a_fixed_batch(trained):
     assert after[negative].mean() < before[negative].mean()  # penalised ones less likely
 
 
-@pytest.mark.xfail(
-    reason="bug: JaxEngine.__init__/load_weights device_put the same buffers the "
-    "Trainer holds and donates in its step, so the engine's weights are deleted by "
-    "the next train step",
-    strict=True,
-    raises=ValueError,
-)
 def test_engine_keeps_its_weights_while_the_trainer_steps(trained):
     """The train step donates the trainer's parameters; the engine built from the same model
     must still hold (and sample with) the original weights."""
@@ -184,13 +177,6 @@ def test_kl_reference_stays_fixed_while_the_policy_moves():
     assert metrics[1]["train/kl"] > 1e-6
 
 
-@pytest.mark.xfail(
-    reason="bug: token_logprobs reshapes K loss slots into K // chunk chunks of "
-    "`chunk`, so K > logit_chunk_tokens with K % chunk != 0 cannot be reshaped "
-    "(trainer.py token_logprobs)",
-    strict=True,
-    raises=TypeError,
-)
 def test_loss_slots_need_not_be_a_multiple_of_the_head_chunk():
     """E.g. `python run.py dataset.prompts_per_step=20 dataset.samples_per_prompt=6`: K = 960
     loss slots with 512-token head chunks."""
@@ -219,12 +205,6 @@ def test_loss_slots_need_not_be_a_multiple_of_the_head_chunk():
     np.testing.assert_allclose(np.asarray(logprobs), np.asarray(expected), atol=1e-6)
 
 
-@pytest.mark.xfail(
-    reason="bug: JaxEngine.load_weights keeps the trainer's own buffers (device_put "
-    "to an equivalent sharding does not copy); the next train step donates them",
-    strict=True,
-    raises=ValueError,
-)
 def test_engine_keeps_published_weights_through_the_next_train_step(trained):
     engine, trainer, batch = trained["engine"], trained["trainer"], trained["batch"]
     engine.load_weights(trainer.params)

@@ -69,7 +69,7 @@ class JaxEngine:
         self.mesh = Mesh(np.array(devices), ("data",))
         self._replicated = NamedSharding(self.mesh, PS())
         self._rows = NamedSharding(self.mesh, PS("data"))
-        self.params = jax.device_put(params, self._replicated)
+        self.params = jax.device_put(params, self._replicated, may_alias=False)
         self._programs = {}
 
     @property
@@ -81,8 +81,11 @@ class JaxEngine:
         return list(self.mesh.devices.flat)
 
     def load_weights(self, params) -> None:
-        """Publish `params` (an nnx.State of the model's Params) to the engine in one call (O4)."""
-        self.params = jax.device_put(params, self._replicated)
+        """Publish `params` (an nnx.State of the model's Params) to the engine in one call (O4).
+
+        The engine keeps its own replica (`may_alias=False`): the trainer donates its buffers to
+        the next step, which must not delete the weights the engine samples with."""
+        self.params = jax.device_put(params, self._replicated, may_alias=False)
 
     def load_weights_per_layer(self, params) -> None:
         """Publish layer by layer, one transfer per top-level subtree (the `opt=base` path)."""
@@ -90,9 +93,10 @@ class JaxEngine:
         merged = {}
         for name, subtree in pure.items():
             if name == "layers":
-                merged[name] = {i: jax.device_put(layer, self._replicated) for i, layer in subtree.items()}
+                merged[name] = {i: jax.device_put(layer, self._replicated, may_alias=False)
+                                for i, layer in subtree.items()}
             else:
-                merged[name] = jax.device_put(subtree, self._replicated)
+                merged[name] = jax.device_put(subtree, self._replicated, may_alias=False)
         nnx.replace_by_pure_dict(self.params, merged)
 
     def generate(self, prompts: Sequence[np.ndarray], *, key: jax.Array, max_new_tokens: int,

@@ -60,8 +60,13 @@ def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk
 
     k = hidden.shape[0]
     size = min(chunk, k)
-    chunks = (hidden.reshape(k // size, size, -1), batch["loss_targets"].reshape(k // size, size))
-    return jax.lax.map(chunk_logprobs, chunks).reshape(k)
+    padded = -(-k // size) * size  # the last chunk is padded with copies of slot 0, then dropped
+    targets = batch["loss_targets"]
+    if padded != k:
+        hidden = jnp.concatenate([hidden, jnp.broadcast_to(hidden[:1], (padded - k, hidden.shape[1]))])
+        targets = jnp.concatenate([targets, jnp.broadcast_to(targets[:1], (padded - k,))])
+    chunks = (hidden.reshape(padded // size, size, -1), targets.reshape(padded // size, size))
+    return jax.lax.map(chunk_logprobs, chunks).reshape(padded)[:k]
 
 
 class Trainer:
