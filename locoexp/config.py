@@ -35,6 +35,8 @@ class Config:
     seed: int = 0  # model init and sampling
     steps: int = 150  # optimizer updates (one per batch)
     eval_every_steps: int = 25  # held-out evaluation period; 0 = only after the last step
+    # Scored checkpoints by update count, as Table I3's [275, 300, 325, 348]; added to the above.
+    eval_at_updates: list[int] = dataclasses.field(default_factory=list)
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
@@ -43,6 +45,8 @@ class Config:
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0.")
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
+        require(all(1 <= u <= self.steps for u in self.eval_at_updates),
+                f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].")
         hosts = self.hardware.hosts
         if self.placement.kind is not PlacementKind.da:
             require(

@@ -120,7 +120,7 @@ def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | Non
 
     try:
         summary = run_loop(runner, steps=config.steps, eval_every_steps=config.eval_every_steps,
-                           eval_limit=config.dataset.eval_size, hooks=LoopHooks(export=export, on_eval=on_eval),
+                           eval_at_updates=config.eval_at_updates, eval_limit=config.dataset.eval_size, hooks=LoopHooks(export=export, on_eval=on_eval),
                            start_time=start_time)
         if not logging_here:
             return summary

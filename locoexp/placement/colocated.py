@@ -138,8 +138,9 @@ class LoopHooks:
     on_eval: Callable[[dict], None]
 
 
-def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_limit: int | None,
-             hooks: LoopHooks, start_time: float, warmup_steps: int = 1) -> dict[str, float]:
+def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_at_updates: list[int],
+             eval_limit: int | None, hooks: LoopHooks, start_time: float,
+             warmup_steps: int = 1) -> dict[str, float]:
     """Run `steps` steps with periodic evaluation; returns the summary (on every host).
 
     Step t's metrics, timings included, cross hosts during step t+1 (in its log phase, or with
@@ -173,7 +174,9 @@ def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_limit
                 runner.exchanged = None
         previous = {"step": step, **metrics, **runner.timer.metrics(),
                     "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
-        if (eval_every_steps and (step + 1) % eval_every_steps == 0) or step == steps - 1:
+        updates = step + 1
+        if (eval_every_steps and updates % eval_every_steps == 0) or updates in eval_at_updates \
+                or updates == steps:
             emit(runner.exchange_metrics(previous))
             previous = None
             eval_start = time.perf_counter()
