@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 import run as run_module  # noqa: E402  (registers the config schema)
 from locoexp.analysis.compare import bootstrap_ratio, equal_work, verdict  # noqa: E402
 from locoexp.main import run  # noqa: E402
-from locoexp.metrics.record import read_records  # noqa: E402
+from locoexp.metrics.run_records import read_metrics_jsonl  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "gsm8k"
 WORKLOAD = [
@@ -53,7 +53,7 @@ def launch(overrides: list[str], steps: int) -> list[dict]:
     """One launch; its steady step records."""
     with tempfile.TemporaryDirectory() as folder:
         run(compose(WORKLOAD + [f"steps={steps}"] + overrides), run_dir=folder, progress=False)
-        records = read_records(Path(folder) / "metrics.jsonl")
+        records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
     return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
 
 

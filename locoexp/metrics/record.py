@@ -33,11 +33,6 @@ class MetricsFile:
         self._file.close()
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 class Progress:
     """A progress bar with step, reward and step time."""
 
