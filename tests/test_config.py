@@ -1,0 +1,134 @@
+"""Every option of `conf/` composes and converts to the typed `Config`; bad input fails at start-up
+with one sentence naming the key, exit code 2, no traceback and no run directory."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import run  # registers `config_schema` in Hydra's ConfigStore
+from locoexp.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+OPTIONS = sorted(
+    (group.name, option.stem)
+    for group in CONF.iterdir()
+    if group.is_dir()
+    for option in group.glob("*.yaml")
+)
+# Options that are only valid together with another choice (cross-group checks of Config).
+COMPANIONS = {
+    ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.25"],  # da needs >= 2 hosts and a split
+    ("hardware", "tpu_v7x_256"): ["dataset=gsm8k"],  # 64 hosts need prompts_per_step % 64 == 0
+}
+
+
+def compose_config(overrides: list[str]) -> Config:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+
+
+def test_every_group_has_options():
+    groups = {group for group, _ in OPTIONS}
+    assert {
+        "model",
+        "dataset",
+        "hardware",
+        "placement",
+        "opt",
+        "algo",
+        "rollout",
+        "logger",
+    } <= groups
+
+
+@pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_converts_to_the_typed_config(group, option):
+    config = compose_config([f"{group}={option}", *COMPANIONS.get((group, option), [])])
+    assert isinstance(config, Config)
+    section = getattr(config, group)
+    assert type(section).__module__.startswith("locoexp.")  # a typed dataclass, not a dict
+    # the option's YAML values reach the typed config (enums compared by value)
+    for key, value in OmegaConf.to_container(
+        OmegaConf.load(CONF / group / f"{option}.yaml")
+    ).items():
+        got = getattr(section, key)
+        got = getattr(got, "value", got)
+        if isinstance(value, dict) or value is None:  # nested groups; null = derived at start-up
+            continue
+        assert got == value or (isinstance(value, int | float) and got == pytest.approx(value)), key
+
+
+EXPERIMENTS = sorted(path.stem for path in (ROOT / "experiments" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_converts_to_the_typed_config(experiment, monkeypatch):
+    monkeypatch.chdir(
+        ROOT
+    )  # conf/config.yaml adds experiments/ to the search path by a relative path
+    assert isinstance(compose_config([f"+experiment={experiment}"]), Config)
+
+
+def test_default_config_has_a_root_split_key():
+    assert compose_config([]).split is None
+
+
+def run_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            *overrides,
+            f"hydra.run.dir={tmp_path}/x",
+            f"hydra.sweep.dir={tmp_path}/m",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+BAD_OVERRIDES = {
+    "wrong type": (["model.num_layers=abc"], "model.num_layers"),
+    "unknown key": (["nonexistent_key=1"], "nonexistent_key"),
+    "out of range": (["algo.learning_rate=-1"], "algo.learning_rate"),
+    "split without da": (["placement=co", "split=0.25"], "split"),
+    "missing option": (["model=nonexistent"], "model/nonexistent"),
+    "bad enum value": (["algo.advantage=bogus"], "algo.advantage"),
+    "cross-group": (["hardware.hosts=3"], "dataset.prompts_per_step"),
+    "bad job of a sweep": (["-m", "seed=0,1", "algo.learning_rate=1e-3,-1"], "algo.learning_rate"),
+}
+
+
+@pytest.mark.parametrize("overrides, key", BAD_OVERRIDES.values(), ids=BAD_OVERRIDES.keys())
+def test_bad_override_fails_with_one_sentence_naming_the_key(tmp_path, overrides, key):
+    result = run_cli(tmp_path, *overrides)
+    assert result.returncode == 2, result.stderr
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith("error: ")
+    assert key in message
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "x").exists() and not (tmp_path / "m").exists()
+
+
+def test_messages_name_what_is_valid(tmp_path):
+    assert "expected one of [grpo, dr_grpo]" in run_cli(tmp_path, "algo.advantage=bogus").stderr
+    assert "tiny_qwen" in run_cli(tmp_path, "model=nonexistent").stderr
+    assert "Integer" in run_cli(tmp_path, "model.num_layers=abc").stderr
+
+
+@pytest.mark.xfail(
+    reason="bug: `+key=value` appends a key the schema does not have; "
+    "OmegaConf.to_object drops it silently and the run starts (run.py to_config)",
+    strict=True,
+)
+def test_appended_unknown_key_is_refused_before_the_run():
+    with pytest.raises(Exception, match="nonexistent_key"):
+        run.preflight(["+nonexistent_key=1"])
