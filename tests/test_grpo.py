@@ -72,11 +72,7 @@ def loss(logp, old, adv, mask, *, aggregation=LossAggregation.token_mean, normal
         aggregation=aggregation,
         normalizer=normalizer,
         **{
-            k: None
-            if v is None
-            else jnp.asarray(v, jnp.float32)
-            if isinstance(v, np.ndarray)
-            else v
+            k: jnp.asarray(v, jnp.float32) if isinstance(v, np.ndarray) else v
             for k, v in kw.items()
         },
     )
