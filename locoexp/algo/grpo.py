@@ -38,47 +38,67 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return jnp.exp(delta) - delta - 1.0
 
 
+def per_token_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    *,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    kl_coef: float = 0.0,
+    ref_logp: jax.Array | None = None,
+    behaviour_logp: jax.Array | None = None,
+    tis_cap: float = 2.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token objective [K] (to be masked and aggregated) and per-token terms for metrics.
+
+    logp: current policy log-probs (differentiated). old_logp: the policy the update starts from
+    (with one update per batch it equals stop_gradient(logp), so the ratio is exactly 1).
+    behaviour_logp: the sampler's log-probs; when given, each token is weighted by
+    min(exp(old_logp - behaviour_logp), tis_cap) (truncated importance sampling for stale or
+    mismatched samplers).
+    """
+    ratio = jnp.exp(logp - old_logp)
+    clipped = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    surrogate = jnp.minimum(ratio * advantages, clipped * advantages)
+    terms = {"train/clip_share": (jnp.abs(ratio - clipped) > 0).astype(jnp.float32)}
+    if behaviour_logp is not None:
+        weight = jax.lax.stop_gradient(jnp.minimum(jnp.exp(old_logp - behaviour_logp), tis_cap))
+        surrogate = surrogate * weight
+        terms["train/tis_weight_mean"] = weight
+        terms["train/sampler_logprob_gap"] = jnp.abs(old_logp - behaviour_logp)
+    per_token = -surrogate
+    if kl_coef > 0.0:
+        kl = k3_kl(logp, jax.lax.stop_gradient(ref_logp))
+        per_token = per_token + kl_coef * kl
+        terms["train/kl"] = kl
+    return per_token, terms
+
+
+def loss_denominator(mask: jax.Array, aggregation: LossAggregation, normalizer) -> jax.Array:
+    """token_mean: the batch's completion tokens; constant: sequences x max_new_tokens."""
+    if aggregation is LossAggregation.token_mean:
+        return jnp.maximum(mask.astype(jnp.float32).sum(), 1.0)
+    return jnp.asarray(normalizer, jnp.float32)
+
+
 def policy_loss(
     logp: jax.Array,
     old_logp: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
     *,
-    clip_eps_low: float,
-    clip_eps_high: float,
     aggregation: LossAggregation,
     normalizer: jax.Array | float,
-    kl_coef: float = 0.0,
-    ref_logp: jax.Array | None = None,
-    behaviour_logp: jax.Array | None = None,
-    tis_cap: float = 2.0,
+    **terms_kwargs,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level clipped surrogate over K slots; returns (loss, metrics).
 
-    logp: current policy log-probs (differentiated). old_logp: the policy the update starts from
-    (with one update per batch it equals stop_gradient(logp), so the ratio is exactly 1).
-    behaviour_logp: the sampler's log-probs; when given, each token is weighted by
-    min(exp(old_logp - behaviour_logp), tis_cap) (truncated importance sampling for stale or
-    mismatched samplers). mask: 1 for real completion tokens, 0 for padding slots.
-    normalizer: the token count (token_mean) or sequences x max_new_tokens (constant).
+    mask: 1 for real completion tokens, 0 for padding slots. normalizer: used by the constant
+    aggregation (Dr. GRPO). Other keywords as `per_token_loss`.
     """
     mask = mask.astype(jnp.float32)
-    ratio = jnp.exp(logp - old_logp)
-    clipped = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    surrogate = jnp.minimum(ratio * advantages, clipped * advantages)
-    metrics = {}
-    if behaviour_logp is not None:
-        weight = jax.lax.stop_gradient(jnp.minimum(jnp.exp(old_logp - behaviour_logp), tis_cap))
-        surrogate = surrogate * weight
-        count = jnp.maximum(mask.sum(), 1.0)
-        metrics["train/tis_weight_mean"] = (weight * mask).sum() / count
-        metrics["train/sampler_logprob_gap"] = (jnp.abs(old_logp - behaviour_logp) * mask).sum() / count
-    per_token = -surrogate
-    if kl_coef > 0.0:
-        kl = k3_kl(logp, jax.lax.stop_gradient(ref_logp))
-        per_token = per_token + kl_coef * kl
-        metrics["train/kl"] = (kl * mask).sum() / jnp.maximum(mask.sum(), 1.0)
-    denominator = jnp.maximum(mask.sum(), 1.0) if aggregation is LossAggregation.token_mean else normalizer
-    loss = (per_token * mask).sum() / denominator
-    metrics["train/clip_share"] = ((jnp.abs(ratio - clipped) > 0) * mask).sum() / jnp.maximum(mask.sum(), 1.0)
-    return loss, metrics
+    per_token, terms = per_token_loss(logp, old_logp, advantages, **terms_kwargs)
+    loss = (per_token * mask).sum() / loss_denominator(mask, aggregation, normalizer)
+    count = jnp.maximum(mask.sum(), 1.0)
+    return loss, {key: (value * mask).sum() / count for key, value in terms.items()}

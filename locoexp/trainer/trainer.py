@@ -17,9 +17,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.algo.config import AlgoConfig, LossAggregation
-from locoexp.algo.grpo import policy_loss
 from locoexp.model.transformer import Transformer, causal_segment_mask
 from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.head import HeadLossSpec, head_loss
 from locoexp.trainer.packing import PackedBatch
 
 
@@ -44,14 +44,26 @@ def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
     return adamw
 
 
-def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk: int) -> jax.Array:
-    """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks."""
+def loss_position_hidden(model: Transformer, batch: dict) -> jax.Array:
+    """Final hidden states [K, D] at the positions that predict the loss targets."""
     mask = causal_segment_mask(batch["segment_ids"])
     hidden, _ = model(batch["tokens"], batch["positions"], mask)
-    hidden = hidden.reshape(-1, hidden.shape[-1])[batch["loss_index"]]  # [K, D]
+    return hidden.reshape(-1, hidden.shape[-1])[batch["loss_index"]]
+
+
+def head_weight(model: Transformer) -> jax.Array:
+    """The output head as [V, D]: the tied embedding, or the lm_head kernel transposed."""
+    if model.config.tie_embeddings:
+        return model.embed.embedding[...]
+    return model.lm_head.kernel[...].T
+
+
+def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk: int) -> jax.Array:
+    """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks
+    (a forward pass: the train step differentiates through `head_loss` instead)."""
+    hidden = loss_position_hidden(model, batch)  # [K, D]
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
-    @jax.checkpoint
     def chunk_logprobs(args):
         h, targets = args
         logits = model.logits(h) * scale
@@ -96,6 +108,10 @@ class Trainer:
             transform_non_params=lambda _: replicated,
         )
         self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(self.params)
+        self.loss_spec = HeadLossSpec(
+            clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
+            tis_cap=algo.tis_cap, aggregation=algo.loss_aggregation, temperature=temperature,
+            chunk=config.logit_chunk_tokens)
         self.steps_done = 0
         self._step = jax.jit(
             self._train_step, donate_argnums=(0, 1),
@@ -141,18 +157,13 @@ class Trainer:
                               chunk=self.config.logit_chunk_tokens)
 
     def _train_step(self, params, opt_state, batch, reference):
-        algo = self.algo
+        if reference is not None:  # the KL reference: a forward pass, no gradient
+            batch = {**batch, "ref_logprobs": jax.lax.stop_gradient(self._logprobs_fn(reference, batch))}
 
         def loss_fn(p):
-            logp = self._logprobs_fn(p, batch)
-            ref_logp = None if reference is None else self._logprobs_fn(reference, batch)
-            return policy_loss(
-                logp, jax.lax.stop_gradient(logp), batch["advantages"], batch["loss_mask"],
-                clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
-                aggregation=algo.loss_aggregation, normalizer=batch["normalizer"],
-                kl_coef=algo.kl_coef, ref_logp=ref_logp,
-                behaviour_logp=batch["behaviour_logprobs"], tis_cap=algo.tis_cap,
-            )
+            model = nnx.merge(self.graphdef, p)
+            hidden = loss_position_hidden(model, batch)
+            return head_loss(self.loss_spec, hidden, head_weight(model), batch)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)

@@ -1,0 +1,110 @@
+"""Output head and GRPO loss in one pass over chunks of the K loss positions.
+
+At V = 151,936 the output head is most of a small model's FLOPs (W1: 92% of rollout, 86% of the
+train forward). Differentiating `logsumexp(h W^T)` with rematerialised chunks costs four head
+matmuls per token (forward, recomputed forward, dh, dW). The policy loss is a sum of per-token
+terms, so its derivative by each log-prob is known as soon as that log-prob is: this module
+computes, per chunk, the logits once, the log-probs, the per-token loss and its derivative, and
+from them dh and the chunk's share of dW — three head matmuls, and [chunk, V] logits are the only
+large temporary. The result is a `custom_vjp` whose backward only scales the stored gradients,
+so the rest of the model differentiates through it as usual (a tied embedding sums both uses).
+
+Shapes: K loss slots, D width, V vocabulary, C chunk size.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from locoexp.algo.config import LossAggregation
+from locoexp.algo.grpo import loss_denominator, per_token_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLossSpec:
+    """Static settings of the fused loss (hashable: a jit static argument)."""
+
+    clip_eps_low: float
+    clip_eps_high: float
+    kl_coef: float
+    tis_cap: float
+    aggregation: LossAggregation
+    temperature: float
+    chunk: int
+
+
+def _chunked(x: jax.Array, size: int) -> jax.Array:
+    """[K, ...] -> [K/size, size, ...], padding the last chunk with copies of row 0."""
+    k = x.shape[0]
+    padded = -(-k // size) * size
+    if padded != k:
+        x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (padded - k, *x.shape[1:]))])
+    return x.reshape(padded // size, size, *x.shape[1:])
+
+
+def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
+    """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
+    k = hidden.shape[0]
+    size = min(spec.chunk, k)
+    scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
+    mask = batch["loss_mask"].astype(jnp.float32)
+    denominator = loss_denominator(mask, spec.aggregation, batch["normalizer"])
+    per_slot = {"mask": mask, "targets": batch["loss_targets"], "advantages": batch["advantages"],
+                "behaviour": batch["behaviour_logprobs"]}
+    if spec.kl_coef > 0:
+        per_slot["ref"] = batch["ref_logprobs"]
+    per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
+    chunks = jax.tree.map(lambda x: _chunked(x, size), {"hidden": hidden, **per_slot})
+
+    def objective(logp, c):
+        per_token, terms = per_token_loss(
+            logp, jax.lax.stop_gradient(logp), c["advantages"], clip_eps_low=spec.clip_eps_low,
+            clip_eps_high=spec.clip_eps_high, kl_coef=spec.kl_coef, ref_logp=c.get("ref"),
+            behaviour_logp=c["behaviour"], tis_cap=spec.tis_cap)
+        return (per_token * c["mask"]).sum() / denominator, terms
+
+    def step(dweight, c):
+        h = c["hidden"]
+        logits = (h @ weight.T).astype(jnp.float32) * scale  # [C, V], the only large temporary
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        probs = jnp.exp(logits - top)
+        total = probs.sum(-1, keepdims=True)
+        probs = probs / total
+        logp = jnp.take_along_axis(logits, c["targets"][:, None], -1)[:, 0] - top[:, 0] - jnp.log(total[:, 0])
+        (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
+        # d logp / d logits = scale (onehot(target) - softmax)
+        dlogits = (-g[:, None] * scale) * probs
+        dlogits = dlogits.at[jnp.arange(size), c["targets"]].add(g * scale)
+        dh = (dlogits @ weight.astype(jnp.float32)).astype(h.dtype)
+        dweight = dweight + dlogits.T @ h.astype(jnp.float32)
+        sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
+        return dweight, (loss, sums, dh)
+
+    dweight, (losses, sums, dh) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32), chunks)
+    count = jnp.maximum(mask.sum(), 1.0)
+    metrics = {key: value.sum() / count for key, value in sums.items()}
+    return losses.sum(), metrics, dh.reshape(-1, hidden.shape[1])[:k], dweight.astype(weight.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def head_loss(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
+    """(loss, metrics) of the policy given final hidden states at the K loss positions and the
+    output-head weight [V, D] (the tied embedding or the transposed lm_head kernel)."""
+    loss, metrics, _, _ = _forward_and_grads(spec, hidden, weight, batch)
+    return loss, metrics
+
+
+def _head_loss_fwd(spec, hidden, weight, batch):
+    loss, metrics, dh, dweight = _forward_and_grads(spec, hidden, weight, batch)
+    return (loss, metrics), (dh, dweight)
+
+
+def _head_loss_bwd(spec, residuals, cotangents):
+    dh, dweight = residuals
+    scale = cotangents[0]  # metrics are auxiliary outputs: their cotangents are not used
+    return scale * dh, scale * dweight, None
+
+
+head_loss.defvjp(_head_loss_fwd, _head_loss_bwd)
