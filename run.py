@@ -8,6 +8,7 @@ This is the only module that imports Hydra. Bad input is reported as one sentenc
 with exit code 2 and no traceback, before Hydra creates the run directory.
 """
 
+import dataclasses
 import itertools
 import sys
 
@@ -26,7 +27,22 @@ ConfigStore.instance().store(name="config_schema", node=Config)
 
 
 def to_config(cfg: DictConfig) -> Config:
+    """The typed config; a key the schema does not have (e.g. `+typo=1`) is refused, not dropped."""
+    _refuse_unknown_keys(cfg, Config, prefix="")
     return OmegaConf.to_object(cfg)
+
+
+def _refuse_unknown_keys(node: DictConfig, schema: type, *, prefix: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key == "hydra":
+            continue
+        if key not in fields:
+            raise ConfigError(f"'{prefix}{key}' is not a config key; the valid keys of "
+                              f"{prefix.rstrip('.') or 'the root'} are {', '.join(sorted(fields))}.")
+        child_type = fields[key].type
+        if dataclasses.is_dataclass(child_type) and isinstance(node[key], DictConfig):
+            _refuse_unknown_keys(node[key], child_type, prefix=f"{prefix}{key}.")
 
 
 def _hydra_message(error: Exception) -> str:

@@ -124,11 +124,6 @@ def test_messages_name_what_is_valid(tmp_path):
     assert "Integer" in run_cli(tmp_path, "model.num_layers=abc").stderr
 
 
-@pytest.mark.xfail(
-    reason="bug: `+key=value` appends a key the schema does not have; "
-    "OmegaConf.to_object drops it silently and the run starts (run.py to_config)",
-    strict=True,
-)
 def test_appended_unknown_key_is_refused_before_the_run():
     with pytest.raises(Exception, match="nonexistent_key"):
         run.preflight(["+nonexistent_key=1"])

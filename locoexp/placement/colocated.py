@@ -158,36 +158,39 @@ def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_at_up
         if runner.hosts.is_leader:
             hooks.export(record)
 
-    for step in range(steps):
-        if step == warmup_steps and runner.settings.opt.freeze_gc:
-            gc.collect()
-            gc.freeze()  # O2: what warm-up allocated is never scanned again
-            gc.disable()
-        with runner.timer.step():
-            runner.carried_metrics = previous if o1 else None
-            metrics = runner.step(step)
-            with runner.timer.phase("log"):
-                if o1:
-                    emit(runner.exchanged)
-                elif previous is not None:
-                    emit(runner.exchange_metrics(previous))
-                runner.exchanged = None
-        previous = {"step": step, **metrics, **runner.timer.metrics(),
-                    "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
-        updates = step + 1
-        if (eval_every_steps and updates % eval_every_steps == 0) or updates in eval_at_updates \
-                or updates == steps:
-            emit(runner.exchange_metrics(previous))
-            previous = None
-            eval_start = time.perf_counter()
-            accuracy = runner.evaluate(limit=eval_limit)
-            eval_s = time.perf_counter() - eval_start
-            eval_total_s += eval_s
-            if runner.hosts.is_leader:
-                hooks.on_eval({"step": step, "eval/accuracy": accuracy, "eval/seconds": eval_s,
-                               "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s)})
-    if runner.settings.opt.freeze_gc:
-        gc.enable()
+    try:
+        for step in range(steps):
+            if step == warmup_steps and runner.settings.opt.freeze_gc:
+                gc.collect()
+                gc.freeze()  # O2: what warm-up allocated is never scanned again
+                gc.disable()
+            with runner.timer.step():
+                runner.carried_metrics = previous if o1 else None
+                metrics = runner.step(step)
+                with runner.timer.phase("log"):
+                    if o1:
+                        emit(runner.exchanged)
+                    elif previous is not None:
+                        emit(runner.exchange_metrics(previous))
+                    runner.exchanged = None
+            previous = {"step": step, **metrics, **runner.timer.metrics(),
+                        "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
+            updates = step + 1
+            if (eval_every_steps and updates % eval_every_steps == 0) or updates in eval_at_updates \
+                    or updates == steps:
+                emit(runner.exchange_metrics(previous))
+                previous = None
+                eval_start = time.perf_counter()
+                accuracy = runner.evaluate(limit=eval_limit)
+                eval_s = time.perf_counter() - eval_start
+                eval_total_s += eval_s
+                if runner.hosts.is_leader:
+                    hooks.on_eval({"step": step, "eval/accuracy": accuracy, "eval/seconds": eval_s,
+                                   "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s)})
+    finally:
+        if runner.settings.opt.freeze_gc:
+            gc.enable()
+            gc.unfreeze()
     return _summary(records)
 
 
