@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -69,11 +70,17 @@ def _process_main(target: Callable[..., Any], args: tuple, *, process_id: int, n
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from locoexp.errors import ConfigError  # noqa: PLC0415
 
+    # On failure, exit at once: a normal exit would first wait on jax.distributed's shutdown
+    # barrier for the hosts that are still running.
     try:
         target(*args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        os._exit(2)
+    except BaseException:  # noqa: BLE001  (any failure of a host ends the run)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def launch_local_processes(target: Callable[..., Any], args: tuple, *, num_processes: int,

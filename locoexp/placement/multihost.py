@@ -11,6 +11,7 @@ With one process every exchange is the identity, so the single-host path runs th
 """
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -45,17 +46,23 @@ class HostGroup:
         return np.asarray(multihost_utils.process_allgather(values)).reshape(self.count, -1)
 
 
+@functools.cache
+def _replicator(mesh: Mesh):
+    return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))
+
+
 def replicate(params, mesh: Mesh):
-    """All-gather sharded params into a full copy on every device of `mesh` (one program)."""
-    return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))(params)
+    """All-gather sharded params into a full copy on every device of `mesh` (one program,
+    compiled once per tree structure)."""
+    return _replicator(mesh)(params)
 
 
 def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
     """A replicated global array -> the same values on `devices` (this host's), reusing the
     buffers already on them (no device-to-host transfer)."""
+    if array.is_fully_addressable:  # one process: the engine's load makes its own copy
+        return array
     sharding = NamedSharding(Mesh(np.array(devices), ("data",)), PS())
-    if array.is_fully_addressable:
-        return jax.device_put(array, sharding)
     by_device = {shard.device: shard.data for shard in array.addressable_shards}
     return jax.make_array_from_single_device_arrays(array.shape, sharding, [by_device[d] for d in devices])
 
