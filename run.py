@@ -34,12 +34,14 @@ def to_config(cfg: DictConfig) -> Config:
 
 def _refuse_unknown_keys(node: DictConfig, schema: type, *, prefix: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node.keys():
+    for key in node:
         if key == "hydra":
             continue
         if key not in fields:
-            raise ConfigError(f"'{prefix}{key}' is not a config key; the valid keys of "
-                              f"{prefix.rstrip('.') or 'the root'} are {', '.join(sorted(fields))}.")
+            raise ConfigError(
+                f"'{prefix}{key}' is not a config key; the valid keys of "
+                f"{prefix.rstrip('.') or 'the root'} are {', '.join(sorted(fields))}."
+            )
         child_type = fields[key].type
         if dataclasses.is_dataclass(child_type) and isinstance(node[key], DictConfig):
             _refuse_unknown_keys(node[key], child_type, prefix=f"{prefix}{key}.")
@@ -55,20 +57,33 @@ def _hydra_message(error: Exception) -> str:
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
-                return f"'{key}' is not a config key; the valid keys are the fields of locoexp/*/config.py."
+                return (
+                    f"'{key}' is not a config key; the valid keys are the dataclass fields in "
+                    "locoexp/*/config.py."
+                )
             return f"{key}: {what.rstrip('.')}."
     lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
-    if "Available options" in str(chain[-1]):  # a missing group option: name it and list the valid ones
+    if "Available options" in str(
+        chain[-1]
+    ):  # a missing group option: name it and list the valid ones
         head = lines[0].removeprefix("In 'config': ")
-        options = lines[lines.index(next(x for x in lines if x.startswith("Available options"))) + 1 :]
+        options = lines[
+            lines.index(next(x for x in lines if x.startswith("Available options"))) + 1 :
+        ]
         options = [o for o in options if not o.startswith(("Config search path", "provider="))]
         return f"{head}; valid options: {', '.join(options)}."
     return " ".join(lines)
 
 
 def _job_overrides(argv: list[str]) -> list[str]:
-    return [a for a in argv if not a.startswith("-") and not a.startswith("hydra.") and "=" in a
-            or (not a.startswith("-") and a.startswith("~"))]
+    return [
+        a
+        for a in argv
+        if not a.startswith("-")
+        and not a.startswith("hydra.")
+        and "=" in a
+        or (not a.startswith("-") and a.startswith("~"))
+    ]
 
 
 def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
@@ -77,17 +92,24 @@ def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     choices = []
     for o in parsed:
         key = o.get_key_element()
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        values = (
+            list(o.sweep_string_iterator())
+            if o.is_sweep_override()
+            else [o.get_value_element_as_str()]
+        )
         choices.append([f"{key}={v}" for v in values])
     return [list(c) for c in itertools.product(*choices)]
 
 
 def preflight(argv: list[str]) -> None:
     """Compose and validate every job before Hydra starts, so bad input writes nothing."""
-    from hydra import compose, initialize_config_dir  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    with initialize_config_dir(config_dir=str(Path(__file__).parent / CONFIG_DIR), version_base="1.3"):
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+
+    with initialize_config_dir(
+        config_dir=str(Path(__file__).parent / CONFIG_DIR), version_base="1.3"
+    ):
         for overrides in _sweep_combinations(_job_overrides(argv)):
             to_config(compose(config_name="config", overrides=overrides))
 
@@ -103,8 +125,12 @@ def main(cfg: DictConfig) -> None:
     resolved["hardware"]["chips"] = config.hardware.chips  # derived; W&B groups runs by it
     try:
         # the sweep's date/time directory names the W&B group of a multirun
-        run(config, run_dir=hydra_cfg.runtime.output_dir, resolved_config=resolved,
-            sweep_name=None if sweep is None else "/".join(sweep.rstrip("/").split("/")[-2:]))
+        run(
+            config,
+            run_dir=hydra_cfg.runtime.output_dir,
+            resolved_config=resolved,
+            sweep_name=None if sweep is None else "/".join(sweep.rstrip("/").split("/")[-2:]),
+        )
     except ConfigError as error:  # raised after start-up checks that need data (files, vocab)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

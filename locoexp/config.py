@@ -43,26 +43,35 @@ class Config:
 
     def __post_init__(self):
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
-        require(self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0.")
+        require(
+            self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
+        )
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
-        require(all(1 <= u <= self.steps for u in self.eval_at_updates),
-                f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].")
+        require(
+            all(1 <= u <= self.steps for u in self.eval_at_updates),
+            f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].",
+        )
         hosts = self.hardware.hosts
         if self.placement.kind is not PlacementKind.da:
             require(
                 self.split is None,
-                f"split={self.split} only applies to placement=da, not placement={self.placement.kind.value}; "
+                f"split={self.split} only applies to placement=da, not "
+                f"placement={self.placement.kind.value}; "
                 "remove it or set placement=da.",
             )
         else:
             valid = valid_splits(hosts)
             shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
-            require(self.split is not None,
-                    f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
-                    f"hosts: {shown}.")
+            require(
+                self.split is not None,
+                f"placement=da needs split=<the trainer's share of hosts>; valid splits for "
+                f"{hosts} "
+                f"hosts: {shown}.",
+            )
             require(
                 self.split in valid,
-                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero trainer "
+                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
+                "trainer "
                 f"and rollout host counts; valid splits for {hosts} hosts: "
                 f"{shown}.",
             )

@@ -19,6 +19,8 @@ def compose():
 
     def _compose(overrides=()):
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            return run_module.to_config(hydra_compose(config_name="config", overrides=list(overrides)))
+            return run_module.to_config(
+                hydra_compose(config_name="config", overrides=list(overrides))
+            )
 
     return _compose

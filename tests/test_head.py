@@ -20,28 +20,61 @@ def _batch(k_pad: int, seed: int = 0):
     prompts = [rng.integers(3, 32, size=rng.integers(2, 6)).astype(np.int32) for _ in range(6)]
     completions = [rng.integers(3, 32, size=rng.integers(1, 5)).astype(np.int32) for _ in range(6)]
     behaviour = [rng.normal(-3.4, 0.3, size=len(c)).astype(np.float32) for c in completions]
-    packed = pack_sequences(prompts, completions, behaviour, rng.normal(size=6).astype(np.float32),
-                            row_tokens=16, loss_slots=k_pad)
-    arrays = {name: jnp.asarray(getattr(packed, name)) for name in (
-        "tokens", "positions", "segment_ids", "loss_index", "loss_targets", "loss_mask",
-        "advantages", "behaviour_logprobs")}
+    packed = pack_sequences(
+        prompts,
+        completions,
+        behaviour,
+        rng.normal(size=6).astype(np.float32),
+        row_tokens=16,
+        loss_slots=k_pad,
+    )
+    arrays = {
+        name: jnp.asarray(getattr(packed, name))
+        for name in (
+            "tokens",
+            "positions",
+            "segment_ids",
+            "loss_index",
+            "loss_targets",
+            "loss_mask",
+            "advantages",
+            "behaviour_logprobs",
+        )
+    }
     arrays["normalizer"] = jnp.float32(6 * 4)
     arrays["ref_logprobs"] = jnp.asarray(rng.normal(-3.5, 0.2, size=k_pad).astype(np.float32))
     return arrays
 
 
-@pytest.mark.parametrize(("tied", "aggregation", "kl_coef"), [
-    (True, LossAggregation.token_mean, 0.0),
-    (False, LossAggregation.constant, 0.1),
-    (True, LossAggregation.constant, 0.1),
-])
+@pytest.mark.parametrize(
+    ("tied", "aggregation", "kl_coef"),
+    [
+        (True, LossAggregation.token_mean, 0.0),
+        (False, LossAggregation.constant, 0.1),
+        (True, LossAggregation.constant, 0.1),
+    ],
+)
 def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef):
-    config = ModelConfig(vocab_size=32, hidden_dim=16, mlp_dim=32, num_heads=2, num_kv_heads=1,
-                         head_dim=8, tie_embeddings=tied)
+    config = ModelConfig(
+        vocab_size=32,
+        hidden_dim=16,
+        mlp_dim=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        tie_embeddings=tied,
+    )
     graphdef, params = nnx.split(build_model(config, seed=0), nnx.Param)
     batch = _batch(k_pad=28)  # not a multiple of the chunk: the last chunk is padded
-    spec = HeadLossSpec(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=kl_coef, tis_cap=2.0,
-                        aggregation=aggregation, temperature=0.7, chunk=8)
+    spec = HeadLossSpec(
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        kl_coef=kl_coef,
+        tis_cap=2.0,
+        aggregation=aggregation,
+        temperature=0.7,
+        chunk=8,
+    )
 
     def fused(p):
         model = nnx.merge(graphdef, p)
@@ -49,16 +82,28 @@ def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef
 
     def plain(p):
         logp = token_logprobs(nnx.merge(graphdef, p), batch, temperature=0.7, chunk=8)
-        return policy_loss(logp, jax.lax.stop_gradient(logp), batch["advantages"], batch["loss_mask"],
-                           aggregation=aggregation, normalizer=batch["normalizer"], clip_eps_low=0.2,
-                           clip_eps_high=0.28, kl_coef=kl_coef, ref_logp=batch["ref_logprobs"],
-                           behaviour_logp=batch["behaviour_logprobs"], tis_cap=2.0)
+        return policy_loss(
+            logp,
+            jax.lax.stop_gradient(logp),
+            batch["advantages"],
+            batch["loss_mask"],
+            aggregation=aggregation,
+            normalizer=batch["normalizer"],
+            clip_eps_low=0.2,
+            clip_eps_high=0.28,
+            kl_coef=kl_coef,
+            ref_logp=batch["ref_logprobs"],
+            behaviour_logp=batch["behaviour_logprobs"],
+            tis_cap=2.0,
+        )
 
     (loss_f, metrics_f), grads_f = jax.value_and_grad(fused, has_aux=True)(params)
     (loss_p, metrics_p), grads_p = jax.value_and_grad(plain, has_aux=True)(params)
     np.testing.assert_allclose(loss_f, loss_p, rtol=1e-5, atol=1e-6)
     for key in metrics_p:
-        np.testing.assert_allclose(metrics_f[key], metrics_p[key], rtol=1e-5, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(
+            metrics_f[key], metrics_p[key], rtol=1e-5, atol=1e-6, err_msg=key
+        )
     flat_f, flat_p = jax.tree.leaves(grads_f), jax.tree.leaves(grads_p)
     for a, b in zip(flat_f, flat_p, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

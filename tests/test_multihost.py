@@ -19,8 +19,9 @@ def one_step_results(tmp_path_factory):
     out = {}
     for hosts in (1, 2):
         folder = tmp_path_factory.mktemp(f"hosts{hosts}")
-        code = launch_local_processes(multihost.train_one_step, (str(folder),), num_processes=hosts,
-                                      devices_per_process=1)
+        code = launch_local_processes(
+            multihost.train_one_step, (str(folder),), num_processes=hosts, devices_per_process=1
+        )
         assert code == 0
         out[hosts] = [_load(folder / f"train_{p}.npz") for p in range(hosts)]
     return out
@@ -40,8 +41,9 @@ def test_every_host_holds_the_same_published_parameters(one_step_results):
 
 
 def test_after_publication_each_host_engine_samples_with_the_new_weights(tmp_path):
-    code = launch_local_processes(multihost.publish_then_sample, (str(tmp_path),), num_processes=2,
-                                  devices_per_process=1)
+    code = launch_local_processes(
+        multihost.publish_then_sample, (str(tmp_path),), num_processes=2, devices_per_process=1
+    )
     assert code == 0
     for host in range(2):
         result = _load(tmp_path / f"publish_{host}.npz")
@@ -51,8 +53,9 @@ def test_after_publication_each_host_engine_samples_with_the_new_weights(tmp_pat
 
 
 def test_a_failing_host_stops_the_others_and_the_launcher_reports_it(tmp_path):
-    code = launch_local_processes(multihost.fail_on_host_one, (str(tmp_path),), num_processes=2,
-                                  devices_per_process=1)
+    code = launch_local_processes(
+        multihost.fail_on_host_one, (str(tmp_path),), num_processes=2, devices_per_process=1
+    )
     assert code != 0
     assert not (tmp_path / "host0_finished").exists()
 
@@ -61,9 +64,17 @@ def test_a_failing_host_stops_the_others_and_the_launcher_reports_it(tmp_path):
 def test_two_host_pulse_run_writes_every_step(placement, tmp_path, compose):
     from locoexp.main import run
 
-    config = compose([f"placement={placement}", "hardware.hosts=2", "steps=2", "eval_every_steps=2",
-                      "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4",
-                      "dataset.synthetic.eval_size=8"])
+    config = compose(
+        [
+            f"placement={placement}",
+            "hardware.hosts=2",
+            "steps=2",
+            "eval_every_steps=2",
+            "dataset.prompts_per_step=4",
+            "dataset.samples_per_prompt=4",
+            "dataset.synthetic.eval_size=8",
+        ]
+    )
     summary = run(config, run_dir=tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "timing/step_s" in r]

@@ -30,14 +30,28 @@ from locoexp.metrics.run_records import read_metrics_jsonl  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "gsm8k"
 WORKLOAD = [
-    "model=tiny_qwen", "model.hidden_dim=64", "model.mlp_dim=192", "model.num_layers=2",
-    "model.head_dim=16", "dataset=gsm8k", f"dataset.data_files={DATA / 'train.jsonl'}",
-    f"dataset.eval_data_files={DATA / 'test.jsonl'}", "dataset.max_train_rows=512",
-    "dataset.prompts_per_step=8", "dataset.samples_per_prompt=4", "dataset.max_prompt_tokens=256",
-    "dataset.max_new_tokens=16", "dataset.eval_size=4", "eval_every_steps=0",
+    "model=tiny_qwen",
+    "model.hidden_dim=64",
+    "model.mlp_dim=192",
+    "model.num_layers=2",
+    "model.head_dim=16",
+    "dataset=gsm8k",
+    f"dataset.data_files={DATA / 'train.jsonl'}",
+    f"dataset.eval_data_files={DATA / 'test.jsonl'}",
+    "dataset.max_train_rows=512",
+    "dataset.prompts_per_step=8",
+    "dataset.samples_per_prompt=4",
+    "dataset.max_prompt_tokens=256",
+    "dataset.max_new_tokens=16",
+    "dataset.eval_size=4",
+    "eval_every_steps=0",
 ]
-LEVERS = {"O1": "opt.metrics_off_barrier", "O2": "opt.freeze_gc", "O3": "opt.balance_prompts",
-          "O4": "opt.publish_in_one_call"}
+LEVERS = {
+    "O1": "opt.metrics_off_barrier",
+    "O2": "opt.freeze_gc",
+    "O3": "opt.balance_prompts",
+    "O4": "opt.publish_in_one_call",
+}
 WARMUP_STEPS = 2
 
 
@@ -68,19 +82,24 @@ def compare_placements(hosts: int, launches: int, steps: int) -> dict:
             arms[arm] += launch([f"placement={arm}", f"hardware.hosts={hosts}"], steps)
     co, sc = arms["co"], arms["single_controller"]
     per_step = bootstrap_ratio([r["timing/step_s"] for r in sc], [r["timing/step_s"] for r in co])
-    per_token = bootstrap_ratio([r["timing/step_s"] / tokens(r) for r in sc],
-                                [r["timing/step_s"] / tokens(r) for r in co])
+    per_token = bootstrap_ratio(
+        [r["timing/step_s"] / tokens(r) for r in sc], [r["timing/step_s"] / tokens(r) for r in co]
+    )
     return {
         "hosts": hosts,
         "co_step_s": float(np.median([r["timing/step_s"] for r in co])),
         "single_controller_step_s": float(np.median([r["timing/step_s"] for r in sc])),
-        "ratio_per_step": vars(per_step), "ratio_per_token": vars(per_token),
+        "ratio_per_step": vars(per_step),
+        "ratio_per_token": vars(per_token),
         "verdict": verdict(per_step, per_token, equal_work(sc, co)),
         "admission_single_controller_s": float(np.median([r["timing/admission_s"] for r in sc])),
         "admission_slowest_co_host_s": float(np.median([r["timing/admission_s"] for r in co])),
-        "decode_s_per_iteration_co": float(np.median([r["rollout/decode_s_per_iteration"] for r in co])),
-        "decode_s_per_iteration_single_controller":
-            float(np.median([r["rollout/decode_s_per_iteration"] for r in sc])),
+        "decode_s_per_iteration_co": float(
+            np.median([r["rollout/decode_s_per_iteration"] for r in co])
+        ),
+        "decode_s_per_iteration_single_controller": float(
+            np.median([r["rollout/decode_s_per_iteration"] for r in sc])
+        ),
     }
 
 
@@ -90,11 +109,14 @@ def lever_effects(hosts: int, launches: int, steps: int) -> dict:
     times = {arm: [] for arm in arms}
     for _ in range(launches):
         for arm, overrides in arms.items():
-            times[arm] += [r["timing/step_s"]
-                           for r in launch(overrides + [f"hardware.hosts={hosts}"], steps)]
+            times[arm] += [
+                r["timing/step_s"] for r in launch(overrides + [f"hardware.hosts={hosts}"], steps)
+            ]
     base = times["optimized"]
-    return {arm: {"step_s": float(np.median(t)), "off_over_on": vars(bootstrap_ratio(t, base))}
-            for arm, t in times.items()}
+    return {
+        arm: {"step_s": float(np.median(t)), "off_over_on": vars(bootstrap_ratio(t, base))}
+        for arm, t in times.items()
+    }
 
 
 def main() -> None:
@@ -110,19 +132,30 @@ def main() -> None:
         result = compare_placements(hosts, args.launches, args.steps)
         results["placements"].append(result)
         r, t = result["ratio_per_step"], result["ratio_per_token"]
-        print(f"[CPU, {hosts} local hosts] co {result['co_step_s']:.3f} s/step, single_controller "
-              f"{result['single_controller_step_s']:.3f} s/step; ratio sc/co {r['value']:.3f} "
-              f"[{r['low']:.3f}, {r['high']:.3f}] per step, {t['value']:.3f} [{t['low']:.3f}, "
-              f"{t['high']:.3f}] per token -> {result['verdict']}", flush=True)
-        print(f"  admission: single controller {1e3 * result['admission_single_controller_s']:.2f} ms, "
-              f"slowest co host {1e3 * result['admission_slowest_co_host_s']:.2f} ms; decode "
-              f"{1e3 * result['decode_s_per_iteration_single_controller']:.2f} vs "
-              f"{1e3 * result['decode_s_per_iteration_co']:.2f} ms/iteration (sc vs co)", flush=True)
+        print(
+            f"[CPU, {hosts} local hosts] co {result['co_step_s']:.3f} s/step, single_controller "
+            f"{result['single_controller_step_s']:.3f} s/step; ratio sc/co {r['value']:.3f} "
+            f"[{r['low']:.3f}, {r['high']:.3f}] per step, {t['value']:.3f} [{t['low']:.3f}, "
+            f"{t['high']:.3f}] per token -> {result['verdict']}",
+            flush=True,
+        )
+        print(
+            "  admission: single controller "
+            f"{1e3 * result['admission_single_controller_s']:.2f} ms, "
+            f"slowest co host {1e3 * result['admission_slowest_co_host_s']:.2f} ms; decode "
+            f"{1e3 * result['decode_s_per_iteration_single_controller']:.2f} vs "
+            f"{1e3 * result['decode_s_per_iteration_co']:.2f} ms/iteration (sc vs co)",
+            flush=True,
+        )
     results["levers"] = lever_effects(args.lever_hosts, args.launches, args.steps)
     for arm, row in results["levers"].items():
         ratio = row["off_over_on"]
-        print(f"[CPU, {args.lever_hosts} hosts, co] {arm:>9}: {row['step_s']:.3f} s/step; vs optimized "
-              f"{ratio['value']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]", flush=True)
+        print(
+            f"[CPU, {args.lever_hosts} hosts, co] {arm:>9}: {row['step_s']:.3f} s/step; "
+            "vs optimized "
+            f"{ratio['value']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

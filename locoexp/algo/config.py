@@ -1,4 +1,4 @@
-"""Schema of the `algo` config group: advantage, policy loss, KL, optimizer, staleness correction."""
+"""Schema of the `algo` config group: advantage, loss, KL, optimizer, staleness correction."""
 
 import dataclasses
 import enum
@@ -46,11 +46,19 @@ class AlgoConfig:
     def __post_init__(self):
         require(self.learning_rate > 0, f"algo.learning_rate={self.learning_rate} must be > 0.")
         require(self.advantage_eps > 0, f"algo.advantage_eps={self.advantage_eps} must be > 0.")
-        require(0 < self.clip_eps_low < 1, f"algo.clip_eps_low={self.clip_eps_low} must be in (0, 1).")
+        require(
+            0 < self.clip_eps_low < 1, f"algo.clip_eps_low={self.clip_eps_low} must be in (0, 1)."
+        )
         require(self.clip_eps_high > 0, f"algo.clip_eps_high={self.clip_eps_high} must be > 0.")
         require(self.kl_coef >= 0, f"algo.kl_coef={self.kl_coef} must be >= 0.")
         require(self.weight_decay >= 0, f"algo.weight_decay={self.weight_decay} must be >= 0.")
-        require(self.max_grad_norm >= 0, f"algo.max_grad_norm={self.max_grad_norm} must be >= 0 (0 = off).")
-        require(0 <= self.adam_b1 < 1 and 0 <= self.adam_b2 < 1, "algo.adam_b1 and algo.adam_b2 must be in [0, 1).")
+        require(
+            self.max_grad_norm >= 0,
+            f"algo.max_grad_norm={self.max_grad_norm} must be >= 0 (0 = off).",
+        )
+        require(
+            0 <= self.adam_b1 < 1 and 0 <= self.adam_b2 < 1,
+            "algo.adam_b1 and algo.adam_b2 must be in [0, 1).",
+        )
         require(self.warmup_steps >= 0, f"algo.warmup_steps={self.warmup_steps} must be >= 0.")
         require(self.tis_cap >= 1, f"algo.tis_cap={self.tis_cap} must be >= 1.")

@@ -22,13 +22,15 @@ class Ratio:
     high: float
 
 
-def bootstrap_ratio(baseline: Sequence[float], ours: Sequence[float], *, resamples: int = 10_000,
-                    seed: int = 0) -> Ratio:
+def bootstrap_ratio(
+    baseline: Sequence[float], ours: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+) -> Ratio:
     """Median ratio baseline/ours with a 95% percentile bootstrap interval (steps resampled)."""
     a, b = np.asarray(baseline, float), np.asarray(ours, float)
     rng = np.random.default_rng(seed)
-    ratios = (np.median(rng.choice(a, (resamples, a.size)), axis=1)
-              / np.median(rng.choice(b, (resamples, b.size)), axis=1))
+    ratios = np.median(rng.choice(a, (resamples, a.size)), axis=1) / np.median(
+        rng.choice(b, (resamples, b.size)), axis=1
+    )
     low, high = np.percentile(ratios, [2.5, 97.5])
     return Ratio(float(np.median(a) / np.median(b)), float(low), float(high))
 
@@ -44,8 +46,10 @@ def equal_work(baseline: Sequence[dict], ours: Sequence[dict]) -> list[str]:
         ratio = np.mean([r[key] for r in baseline]) / max(np.mean([r[key] for r in ours]), 1e-9)
         if not 0.8 <= ratio <= 1.25:
             problems.append(f"{key} ratio {ratio:.2f} outside [0.8, 1.25]")
-    share = abs(np.mean([r["rollout/truncated_share"] for r in baseline])
-                - np.mean([r["rollout/truncated_share"] for r in ours]))
+    share = abs(
+        np.mean([r["rollout/truncated_share"] for r in baseline])
+        - np.mean([r["rollout/truncated_share"] for r in ours])
+    )
     if share > 0.10:
         problems.append(f"truncation shares differ by {100 * share:.0f} points")
     return problems

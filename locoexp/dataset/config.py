@@ -40,13 +40,20 @@ class SyntheticTaskConfig:
     eval_size: int = 200  # held-out prompts, disjoint from training prompts
 
     def __post_init__(self):
-        require(1 <= self.num_digits <= 12, f"dataset.synthetic.num_digits={self.num_digits} must be in [1, 12].")
-        require(2 <= self.num_symbols <= 10, f"dataset.synthetic.num_symbols={self.num_symbols} must be in [2, 10].")
+        require(
+            1 <= self.num_digits <= 12,
+            f"dataset.synthetic.num_digits={self.num_digits} must be in [1, 12].",
+        )
+        require(
+            2 <= self.num_symbols <= 10,
+            f"dataset.synthetic.num_symbols={self.num_symbols} must be in [2, 10].",
+        )
         space = self.num_symbols**self.num_digits
         require(
             self.train_size + self.eval_size <= space,
-            f"dataset.synthetic.train_size + eval_size = {self.train_size + self.eval_size} exceeds "
-            f"the {space} distinct prompts of {self.num_digits} digits over {self.num_symbols} symbols.",
+            f"dataset.synthetic.train_size + eval_size = {self.train_size + self.eval_size} "
+            f"exceeds the {space} distinct prompts of {self.num_digits} digits over "
+            f"{self.num_symbols} symbols.",
         )
 
 
@@ -87,7 +94,13 @@ class DatasetConfig:
     synthetic: SyntheticTaskConfig = dataclasses.field(default_factory=SyntheticTaskConfig)
 
     def __post_init__(self):
-        for key in ("max_prompt_tokens", "max_new_tokens", "prompts_per_step", "samples_per_prompt", "passes"):
+        for key in (
+            "max_prompt_tokens",
+            "max_new_tokens",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "passes",
+        ):
             value = getattr(self, key)
             require(value >= 1, f"dataset.{key}={value} is invalid: it must be a positive integer.")
         require(
@@ -102,7 +115,9 @@ class DatasetConfig:
             self.max_train_rows is None or self.max_train_rows >= 1,
             f"dataset.max_train_rows={self.max_train_rows} must be a positive integer or null.",
         )
-        require(self.reward_workers >= 0, f"dataset.reward_workers={self.reward_workers} must be >= 0.")
+        require(
+            self.reward_workers >= 0, f"dataset.reward_workers={self.reward_workers} must be >= 0."
+        )
         require(
             self.eval_size is None or self.eval_size >= 1,
             f"dataset.eval_size={self.eval_size} must be a positive integer or null.",

@@ -12,8 +12,15 @@ import numpy as np
 class PromptSchedule:
     """Step t -> indices [B] into the training split. Pure function of (seed, t): restartable."""
 
-    def __init__(self, num_examples: int, prompts_per_step: int, *, seed: int,
-                 batches_per_pass: int | None, passes: int):
+    def __init__(
+        self,
+        num_examples: int,
+        prompts_per_step: int,
+        *,
+        seed: int,
+        batches_per_pass: int | None,
+        passes: int,
+    ):
         self.num_examples = num_examples
         self.prompts_per_step = prompts_per_step
         self.seed = seed
@@ -23,7 +30,8 @@ class PromptSchedule:
         if self.batches_per_pass < 1 or self.batches_per_pass * prompts_per_step > num_examples:
             raise ValueError(
                 f"{self.batches_per_pass} batches of {prompts_per_step} prompts need "
-                f"{max(1, self.batches_per_pass) * prompts_per_step} training prompts; the split has {num_examples}"
+                f"{max(1, self.batches_per_pass) * prompts_per_step} training prompts; "
+                f"the split has {num_examples}"
             )
 
     @property

@@ -37,7 +37,9 @@ class DigitTokenizer:
 
     def encode(self, text: str) -> list[int]:
         specials = {"=": SEP}
-        return [specials[ch] if ch in specials else DIGIT0 + int(ch) for ch in text if not ch.isspace()]
+        return [
+            specials[ch] if ch in specials else DIGIT0 + int(ch) for ch in text if not ch.isspace()
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         names = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", SEP: "="}
@@ -60,7 +62,9 @@ class EchoDigitsTask:
 
     @staticmethod
     def _digits(code: int, config: SyntheticTaskConfig) -> list[int]:
-        return [(code // config.num_symbols**k) % config.num_symbols for k in range(config.num_digits)]
+        return [
+            (code // config.num_symbols**k) % config.num_symbols for k in range(config.num_digits)
+        ]
 
     @staticmethod
     def _example(index: int, digits: list[int]) -> Example:

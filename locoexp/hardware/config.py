@@ -44,15 +44,25 @@ class HardwareConfig:
     def __post_init__(self):
         for key in ("hosts", "chips_per_host", "devices_per_chip"):
             value = getattr(self, key)
-            require(value >= 1, f"hardware.{key}={value} is invalid: it must be a positive integer.")
+            require(
+                value >= 1, f"hardware.{key}={value} is invalid: it must be a positive integer."
+            )
         if self.memory_per_device_gib is None:
-            require(self.chip is ChipKind.cpu,
-                    f"hardware.memory_per_device_gib must be set for hardware.chip={self.chip.value}.")
+            require(
+                self.chip is ChipKind.cpu,
+                f"hardware.memory_per_device_gib must be set for hardware.chip={self.chip.value}.",
+            )
             physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
             self.memory_per_device_gib = round(physical / self.devices, 1)
-        require(self.memory_per_device_gib > 0,
-                f"hardware.memory_per_device_gib={self.memory_per_device_gib} must be > 0.")
-        require(self.chip_hour_price_usd >= 0,
-                f"hardware.chip_hour_price_usd={self.chip_hour_price_usd} must be >= 0.")
-        require(0 <= self.coordinator_port < 65536,
-                f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].")
+        require(
+            self.memory_per_device_gib > 0,
+            f"hardware.memory_per_device_gib={self.memory_per_device_gib} must be > 0.",
+        )
+        require(
+            self.chip_hour_price_usd >= 0,
+            f"hardware.chip_hour_price_usd={self.chip_hour_price_usd} must be >= 0.",
+        )
+        require(
+            0 <= self.coordinator_port < 65536,
+            f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].",
+        )

@@ -23,7 +23,9 @@ class WandbMode(enum.Enum):
 
 @dataclasses.dataclass(kw_only=True)
 class LoggerConfig:
-    kind: LoggerKind = LoggerKind.wandb  # the embedded default logs to W&B (offline without an account)
+    kind: LoggerKind = (
+        LoggerKind.wandb
+    )  # the embedded default logs to W&B (offline without an account)
     project: str = "locoexp"
     entity: str | None = None  # None: the W&B account's default entity
     group: str | None = None  # None: the Hydra multirun sweep, or the run's own name

@@ -37,7 +37,9 @@ class Progress:
     """A progress bar with step, reward and step time."""
 
     def __init__(self, total: int, *, enabled: bool):
-        self._bar = tqdm(total=total, desc="grpo", unit="step", disable=not enabled, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total, desc="grpo", unit="step", disable=not enabled, dynamic_ncols=True
+        )
 
     def update(self, record: dict[str, Any]) -> None:
         self._bar.set_postfix(

@@ -29,8 +29,13 @@ def _dtype(config: ModelConfig):
 def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
     dtype = _dtype(config)
     return nnx.Linear(
-        d_in, d_out, use_bias=False, dtype=dtype, param_dtype=dtype,
-        kernel_init=nnx.initializers.normal(config.init_std), rngs=rngs,
+        d_in,
+        d_out,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=dtype,
+        kernel_init=nnx.initializers.normal(config.init_std),
+        rngs=rngs,
     )
 
 
@@ -50,7 +55,9 @@ class RMSNorm(nnx.Module):
 def rope_inverse_frequencies(config: ModelConfig) -> Array:
     """Per-pair rotation frequencies [h/2], with Llama-3.1's "llama3" scaling when enabled."""
     half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(half, dtype=jnp.float32) * 2 / config.head_dim))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (jnp.arange(half, dtype=jnp.float32) * 2 / config.head_dim)
+    )
     if config.rope_scaling_factor == 1.0:
         return inv_freq
     factor = config.rope_scaling_factor
@@ -65,7 +72,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> Array:
 
 
 def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
-    """Rotate x [B, T, heads, h] by positions [B, T] in the split-halves layout of HF Qwen3/Llama."""
+    """Rotate x [B, T, heads, h] by positions [B, T] (the split-halves layout of HF Qwen3/Llama)."""
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, h/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
@@ -100,8 +107,12 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if cache is not None:
-            cache_k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0))
-            cache_v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0))
+            cache_k = jax.lax.dynamic_update_slice(
+                cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0)
+            )
+            cache_v = jax.lax.dynamic_update_slice(
+                cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0)
+            )
             k, v, cache = cache_k, cache_v, (cache_k, cache_v)
         q = q.reshape(b, t, k_heads, r, h)
         scores = jnp.einsum("btkrh,bskh->bkrts", q, k, preferred_element_type=jnp.float32)
@@ -134,7 +145,9 @@ class Block(nnx.Module):
         self.mlp = MLP(config, rngs)
 
     def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
-        attn_out, cache = self.attn(self.input_norm(x), positions, mask, inv_freq, cache, cache_index)
+        attn_out, cache = self.attn(
+            self.input_norm(x), positions, mask, inv_freq, cache, cache_index
+        )
         x = x + attn_out
         return x + self.mlp(self.post_attn_norm(x)), cache
 
@@ -146,8 +159,12 @@ class Transformer(nnx.Module):
         dtype = _dtype(config)
         self.config = config
         self.embed = nnx.Embed(
-            config.vocab_size, config.hidden_dim, dtype=dtype, param_dtype=dtype,
-            embedding_init=nnx.initializers.normal(config.init_std), rngs=rngs,
+            config.vocab_size,
+            config.hidden_dim,
+            dtype=dtype,
+            param_dtype=dtype,
+            embedding_init=nnx.initializers.normal(config.init_std),
+            rngs=rngs,
         )
         self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
@@ -155,8 +172,12 @@ class Transformer(nnx.Module):
             self.lm_head = _linear(config.hidden_dim, config.vocab_size, config, rngs)
 
     def __call__(
-        self, tokens: Array, positions: Array, mask: Array,
-        cache: KVCache | None = None, cache_index: Array | None = None,
+        self,
+        tokens: Array,
+        positions: Array,
+        mask: Array,
+        cache: KVCache | None = None,
+        cache_index: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
         """tokens, positions [B,T]; mask [B,T,S] -> final hidden states [B,T,D] and the cache.
 
@@ -186,7 +207,9 @@ def init_cache(config: ModelConfig, batch: int, slots: int, dtype=None) -> KVCac
     """Zeroed KV cache for `batch` rows of `slots` positions."""
     dtype = dtype or _dtype(config)
     shape = (batch, slots, config.num_kv_heads, config.head_dim)
-    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers))
+    return tuple(
+        (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers)
+    )
 
 
 def causal_segment_mask(segment_ids: Array) -> Array:

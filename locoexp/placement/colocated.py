@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.dataset.schedule import PromptSchedule
@@ -67,25 +66,45 @@ class Colocated:
         s, timer, host = self.settings, self.timer, self.hosts
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host.index)
         with timer.phase("admission"):
-            admitted = phases.admit(self.task, self.schedule, step, host=host.index, hosts=host.count,
-                                    group_size=s.group_size, balance=s.opt.balance_prompts)
+            admitted = phases.admit(
+                self.task,
+                self.schedule,
+                step,
+                host=host.index,
+                hosts=host.count,
+                group_size=s.group_size,
+                balance=s.opt.balance_prompts,
+            )
         with timer.phase("generation"):
             start = time.perf_counter()
-            rollout = phases.generate(self.engine, admitted, key=key, max_new_tokens=s.max_new_tokens,
-                                      sampling=s.sampling)
+            rollout = phases.generate(
+                self.engine, admitted, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+            )
             generation_s = time.perf_counter() - start
         with timer.phase("reward"):
-            scored = phases.score(self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps)
+            scored = phases.score(
+                self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
+            )
         with timer.phase("pack"):
             slots = _round_up(len(admitted.requests) * s.max_new_tokens, s.loss_slot_multiple)
-            batch = phases.pack(admitted, rollout, scored, row_tokens=s.row_tokens,
-                                rows_multiple=self.trainer.local_devices, agree_rows=self._agree_rows,
-                                loss_slots=slots)
+            batch = phases.pack(
+                admitted,
+                rollout,
+                scored,
+                row_tokens=s.row_tokens,
+                rows_multiple=self.trainer.local_devices,
+                agree_rows=self._agree_rows,
+                loss_slots=slots,
+            )
         with timer.phase("train"):
             train_metrics = self.trainer.train_step(batch)
         with timer.phase("publish"):
-            phases.publish(self.trainer.params, self.engine, mesh=self.trainer.mesh,
-                           one_call=s.opt.publish_in_one_call)
+            phases.publish(
+                self.trainer.params,
+                self.engine,
+                mesh=self.trainer.mesh,
+                one_call=s.opt.publish_in_one_call,
+            )
         return {
             **phases.rollout_metrics(admitted, rollout, scored),
             "rollout/decode_s_per_iteration": generation_s / max(rollout.decode_iterations, 1),
@@ -119,9 +138,14 @@ class Colocated:
         examples = self.task.eval[:limit] if limit else self.task.eval
         mine = examples[self.hosts.index :: self.hosts.count]
         key = jax.random.fold_in(jax.random.key(self.settings.seed + 1), self.trainer.steps_done)
-        correct, scored = phases.evaluate(self.task, self.engine, mine, key=jax.random.fold_in(key, self.hosts.index),
-                                          max_new_tokens=self.settings.max_new_tokens,
-                                          sampling=self.settings.eval_sampling)
+        correct, scored = phases.evaluate(
+            self.task,
+            self.engine,
+            mine,
+            key=jax.random.fold_in(key, self.hosts.index),
+            max_new_tokens=self.settings.max_new_tokens,
+            sampling=self.settings.eval_sampling,
+        )
         totals = self.hosts.allgather(np.array([correct, scored])).sum(axis=0)
         return float(totals[0] / max(totals[1], 1))
 
@@ -138,9 +162,17 @@ class LoopHooks:
     on_eval: Callable[[dict], None]
 
 
-def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_at_updates: list[int],
-             eval_limit: int | None, hooks: LoopHooks, start_time: float,
-             warmup_steps: int = 1) -> dict[str, float]:
+def run_loop(
+    runner: Colocated,
+    *,
+    steps: int,
+    eval_every_steps: int,
+    eval_at_updates: list[int],
+    eval_limit: int | None,
+    hooks: LoopHooks,
+    start_time: float,
+    warmup_steps: int = 1,
+) -> dict[str, float]:
     """Run `steps` steps with periodic evaluation; returns the summary (on every host).
 
     Step t's metrics, timings included, cross hosts during step t+1 (in its log phase, or with
@@ -173,11 +205,18 @@ def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_at_up
                     elif previous is not None:
                         emit(runner.exchange_metrics(previous))
                     runner.exchanged = None
-            previous = {"step": step, **metrics, **runner.timer.metrics(),
-                        "time/elapsed_s": time.perf_counter() - start_time - eval_total_s}
+            previous = {
+                "step": step,
+                **metrics,
+                **runner.timer.metrics(),
+                "time/elapsed_s": time.perf_counter() - start_time - eval_total_s,
+            }
             updates = step + 1
-            if (eval_every_steps and updates % eval_every_steps == 0) or updates in eval_at_updates \
-                    or updates == steps:
+            if (
+                (eval_every_steps and updates % eval_every_steps == 0)
+                or updates in eval_at_updates
+                or updates == steps
+            ):
                 emit(runner.exchange_metrics(previous))
                 previous = None
                 eval_start = time.perf_counter()
@@ -185,8 +224,14 @@ def run_loop(runner: Colocated, *, steps: int, eval_every_steps: int, eval_at_up
                 eval_s = time.perf_counter() - eval_start
                 eval_total_s += eval_s
                 if runner.hosts.is_leader:
-                    hooks.on_eval({"step": step, "eval/accuracy": accuracy, "eval/seconds": eval_s,
-                                   "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s)})
+                    hooks.on_eval(
+                        {
+                            "step": step,
+                            "eval/accuracy": accuracy,
+                            "eval/seconds": eval_s,
+                            "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s),
+                        }
+                    )
     finally:
         if runner.settings.opt.freeze_gc:
             gc.enable()

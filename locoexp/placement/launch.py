@@ -10,6 +10,7 @@ except the chips. Process 0 owns the run directory; if any process fails, the ot
 This module must not import jax at module level: the device count has to be set first.
 """
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -27,7 +28,9 @@ _PR_SET_PDEATHSIG = 1
 
 def configure_cpu_devices(count: int) -> None:
     """Expose `count` CPU devices to this process; must run before jax creates its backend."""
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    flags = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
+    )
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
@@ -37,7 +40,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def initialize_distributed(*, coordinator: str | None, num_processes: int, process_id: int | None) -> None:
+def initialize_distributed(
+    *, coordinator: str | None, num_processes: int, process_id: int | None
+) -> None:
     """Join the run's `jax.distributed` group (gloo collectives on CPU). A no-op for one process
     with no coordinator; with `coordinator=None` on TPU, JAX reads the slice's environment."""
     import jax  # noqa: PLC0415  (after configure_cpu_devices)
@@ -47,23 +52,31 @@ def initialize_distributed(*, coordinator: str | None, num_processes: int, proce
         if num_processes > 1:
             jax.distributed.initialize()  # a TPU slice: the cluster's environment says who we are
         return
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+    )
 
 
 def _die_with_parent() -> None:
-    try:
+    with contextlib.suppress(OSError):  # not Linux: the parent's monitor still stops us on failure
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the parent's monitor still stops us on failure
-        pass
 
 
-def _process_main(target: Callable[..., Any], args: tuple, *, process_id: int, num_processes: int,
-                  devices: int, coordinator: str) -> None:
+def _process_main(
+    target: Callable[..., Any],
+    args: tuple,
+    *,
+    process_id: int,
+    num_processes: int,
+    devices: int,
+    coordinator: str,
+) -> None:
     _die_with_parent()
     configure_cpu_devices(devices)
     if num_processes > 1:
-        initialize_distributed(coordinator=coordinator, num_processes=num_processes, process_id=process_id)
+        initialize_distributed(
+            coordinator=coordinator, num_processes=num_processes, process_id=process_id
+        )
     else:
         import jax  # noqa: PLC0415
 
@@ -83,16 +96,30 @@ def _process_main(target: Callable[..., Any], args: tuple, *, process_id: int, n
         os._exit(1)
 
 
-def launch_local_processes(target: Callable[..., Any], args: tuple, *, num_processes: int,
-                           devices_per_process: int, poll_s: float = 0.2) -> int:
+def launch_local_processes(
+    target: Callable[..., Any],
+    args: tuple,
+    *,
+    num_processes: int,
+    devices_per_process: int,
+    poll_s: float = 0.2,
+) -> int:
     """Run `target(*args)` in `num_processes` spawned processes; returns the first failing exit
     code (and stops the rest), or 0 when all succeed."""
     context = multiprocessing.get_context("spawn")
     coordinator = f"127.0.0.1:{free_port()}"
     processes = [
-        context.Process(target=_process_main, args=(target, args), name=f"locoexp-host-{p}", kwargs=dict(
-            process_id=p, num_processes=num_processes, devices=devices_per_process,
-            coordinator=coordinator))
+        context.Process(
+            target=_process_main,
+            args=(target, args),
+            name=f"locoexp-host-{p}",
+            kwargs=dict(
+                process_id=p,
+                num_processes=num_processes,
+                devices=devices_per_process,
+                coordinator=coordinator,
+            ),
+        )
         for p in range(num_processes)
     ]
     for process in processes:

@@ -64,7 +64,9 @@ def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
         return array
     sharding = NamedSharding(Mesh(np.array(devices), ("data",)), PS())
     by_device = {shard.device: shard.data for shard in array.addressable_shards}
-    return jax.make_array_from_single_device_arrays(array.shape, sharding, [by_device[d] for d in devices])
+    return jax.make_array_from_single_device_arrays(
+        array.shape, sharding, [by_device[d] for d in devices]
+    )
 
 
 def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool):
@@ -77,8 +79,11 @@ def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call
     else:
         pure = nnx.to_pure_dict(params)
         gathered = {
-            name: ({i: replicate(layer, mesh) for i, layer in sub.items()} if name == "layers"
-                   else replicate(sub, mesh))
+            name: (
+                {i: replicate(layer, mesh) for i, layer in sub.items()}
+                if name == "layers"
+                else replicate(sub, mesh)
+            )
             for name, sub in pure.items()
         }
         full = jax.tree.map(lambda x: x, params)

@@ -37,7 +37,9 @@ class Scored:
     advantages: np.ndarray  # [B, G]
 
 
-def split_across_hosts(indices: np.ndarray, lengths: np.ndarray, hosts: int, *, balance: bool) -> list[np.ndarray]:
+def split_across_hosts(
+    indices: np.ndarray, lengths: np.ndarray, hosts: int, *, balance: bool
+) -> list[np.ndarray]:
     """Give each host B/H prompts. O3 (Table B1): greedy longest-first to the lightest host,
     so total prompt length per host is balanced; otherwise contiguous slices."""
     per_host = len(indices) // hosts
@@ -52,8 +54,16 @@ def split_across_hosts(indices: np.ndarray, lengths: np.ndarray, hosts: int, *, 
     return [np.array(s, dtype=indices.dtype) for s in shares]
 
 
-def admit(task: Task, schedule: PromptSchedule, step: int, *, host: int, hosts: int,
-          group_size: int, balance: bool) -> Admitted:
+def admit(
+    task: Task,
+    schedule: PromptSchedule,
+    step: int,
+    *,
+    host: int,
+    hosts: int,
+    group_size: int,
+    balance: bool,
+) -> Admitted:
     """Admission: this host's P/H prompts of the step and their P*G/H requests."""
     indices = schedule.batch(step)
     lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
@@ -63,13 +73,23 @@ def admit(task: Task, schedule: PromptSchedule, step: int, *, host: int, hosts: 
     return Admitted(examples=examples, requests=requests, group_size=group_size)
 
 
-def generate(engine: JaxEngine, admitted: Admitted, *, key: jax.Array, max_new_tokens: int,
-             sampling: SamplingParams) -> Rollout:
+def generate(
+    engine: JaxEngine,
+    admitted: Admitted,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+) -> Rollout:
     """Generation: the local engine completes every admitted request."""
-    return engine.generate(admitted.requests, key=key, max_new_tokens=max_new_tokens, sampling=sampling)
+    return engine.generate(
+        admitted.requests, key=key, max_new_tokens=max_new_tokens, sampling=sampling
+    )
 
 
-def score(task: Task, admitted: Admitted, rollout: Rollout, *, advantage: AdvantageKind, eps: float) -> Scored:
+def score(
+    task: Task, admitted: Admitted, rollout: Rollout, *, advantage: AdvantageKind, eps: float
+) -> Scored:
     """Reward and group advantage, on the host that generated the group (no communication)."""
     examples = [e for e in admitted.examples for _ in range(admitted.group_size)]
     completions = [rollout.completion(n) for n in range(len(examples))]
@@ -77,8 +97,16 @@ def score(task: Task, admitted: Admitted, rollout: Rollout, *, advantage: Advant
     return Scored(rewards=rewards, advantages=compute_group_advantages(rewards, advantage, eps))
 
 
-def pack(admitted: Admitted, rollout: Rollout, scored: Scored, *, row_tokens: int,
-         rows_multiple: int, agree_rows, loss_slots: int | None = None) -> PackedBatch:
+def pack(
+    admitted: Admitted,
+    rollout: Rollout,
+    scored: Scored,
+    *,
+    row_tokens: int,
+    rows_multiple: int,
+    agree_rows,
+    loss_slots: int | None = None,
+) -> PackedBatch:
     """Pack: fixed-length rows; hosts agree on the padded row count (`agree_rows`)."""
     n = len(admitted.requests)
     return pack_sequences(
@@ -86,7 +114,10 @@ def pack(admitted: Admitted, rollout: Rollout, scored: Scored, *, row_tokens: in
         [rollout.completion(i) for i in range(n)],
         [rollout.logprobs[i, : rollout.lengths[i]] for i in range(n)],
         scored.advantages.reshape(-1),
-        row_tokens=row_tokens, rows_multiple=rows_multiple, agree_rows=agree_rows, loss_slots=loss_slots,
+        row_tokens=row_tokens,
+        rows_multiple=rows_multiple,
+        agree_rows=agree_rows,
+        loss_slots=loss_slots,
     )
 
 
@@ -117,13 +148,24 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
     }
 
 
-def evaluate(task: Task, engine: JaxEngine, examples: Sequence[Example], *, key: jax.Array,
-             max_new_tokens: int, sampling: SamplingParams) -> tuple[int, int]:
+def evaluate(
+    task: Task,
+    engine: JaxEngine,
+    examples: Sequence[Example],
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+) -> tuple[int, int]:
     """Held-out evaluation of `examples` (this host's share): (correct, scored), one sample each
     at the evaluation temperature."""
     if not examples:
         return 0, 0
-    rollout = engine.generate([e.prompt_tokens for e in examples], key=key,
-                              max_new_tokens=max_new_tokens, sampling=sampling)
+    rollout = engine.generate(
+        [e.prompt_tokens for e in examples],
+        key=key,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+    )
     rewards = task.score(list(examples), [rollout.completion(n) for n in range(len(examples))])
     return int(task.is_correct(rewards).sum()), len(examples)

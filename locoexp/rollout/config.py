@@ -44,30 +44,54 @@ class RolloutConfig:
     enforce_eager: bool = False
 
     def __post_init__(self):
-        require(self.temperature >= 0, f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).")
+        require(
+            self.temperature >= 0,
+            f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).",
+        )
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
-        require(self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = one wave).")
-        require(self.tensor_parallel >= 1, f"rollout.tensor_parallel={self.tensor_parallel} must be >= 1.")
-        require(self.prompt_bucket_tokens >= 1,
-                f"rollout.prompt_bucket_tokens={self.prompt_bucket_tokens} must be >= 1.")
-        require(self.eval_temperature >= 0, f"rollout.eval_temperature={self.eval_temperature} must be >= 0.")
-        require(self.data_parallel >= 1,
-                f"rollout.data_parallel={self.data_parallel} must be >= 1.")
-        require(0 < self.memory_fraction <= 1,
-                f"rollout.memory_fraction={self.memory_fraction} must be in (0, 1].")
-        require(self.kv_cache_gib >= 0,
-                f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 "
-                "(0 = from memory_fraction).")
+        require(
+            self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = one wave)."
+        )
+        require(
+            self.tensor_parallel >= 1,
+            f"rollout.tensor_parallel={self.tensor_parallel} must be >= 1.",
+        )
+        require(
+            self.prompt_bucket_tokens >= 1,
+            f"rollout.prompt_bucket_tokens={self.prompt_bucket_tokens} must be >= 1.",
+        )
+        require(
+            self.eval_temperature >= 0,
+            f"rollout.eval_temperature={self.eval_temperature} must be >= 0.",
+        )
+        require(
+            self.data_parallel >= 1, f"rollout.data_parallel={self.data_parallel} must be >= 1."
+        )
+        require(
+            0 < self.memory_fraction <= 1,
+            f"rollout.memory_fraction={self.memory_fraction} must be in (0, 1].",
+        )
+        require(
+            self.kv_cache_gib >= 0,
+            f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 (0 = from memory_fraction).",
+        )
         if self.engine is EngineKind.jax:
             for key, default in _VLLM_ONLY.items():
                 value = getattr(self, key)
-                require(value == default,
-                        f"rollout.{key}={value} applies to rollout=vllm only; with "
-                        f"rollout=jax leave it at {default}.")
+                require(
+                    value == default,
+                    f"rollout.{key}={value} applies to rollout=vllm only; with "
+                    f"rollout=jax leave it at {default}.",
+                )
 
 
 # Keys the JAX engine does not read, with their defaults (set under rollout=jax they are refused,
 # never silently dropped).
-_VLLM_ONLY = {"data_parallel": 1, "dtype": None, "memory_fraction": 0.9, "kv_cache_gib": 0.0,
-              "enforce_eager": False}
+_VLLM_ONLY = {
+    "data_parallel": 1,
+    "dtype": None,
+    "memory_fraction": 0.9,
+    "kv_cache_gib": 0.0,
+    "enforce_eager": False,
+}

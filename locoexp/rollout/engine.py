@@ -33,7 +33,9 @@ class Rollout:
     """What generation returns, as host numpy arrays. Rows follow the request order."""
 
     tokens: np.ndarray  # [N, M] int32, pad after the end of each completion (EOS included)
-    logprobs: np.ndarray  # [N, M] float32, behaviour log-probs of the sampled tokens, 0 past the end
+    logprobs: (
+        np.ndarray
+    )  # [N, M] float32, behaviour log-probs of the sampled tokens, 0 past the end
     lengths: np.ndarray  # [N] int32, generated tokens including EOS
     truncated: np.ndarray  # [N] bool, hit the cap without EOS
     decode_iterations: int  # summed over waves
@@ -60,8 +62,15 @@ def _round_up(value: int, multiple: int) -> int:
 class JaxEngine:
     """Generates completions with the current weights; `load_weights` publishes new ones."""
 
-    def __init__(self, model: Transformer, config: RolloutConfig, *, eos_id: int, pad_id: int,
-                 devices: Sequence[jax.Device]):
+    def __init__(
+        self,
+        model: Transformer,
+        config: RolloutConfig,
+        *,
+        eos_id: int,
+        pad_id: int,
+        devices: Sequence[jax.Device],
+    ):
         self.graphdef, params = nnx.split(model, nnx.Param)
         self.model_config = model.config
         self.config = config
@@ -93,14 +102,22 @@ class JaxEngine:
         merged = {}
         for name, subtree in pure.items():
             if name == "layers":
-                merged[name] = {i: jax.device_put(layer, self._replicated, may_alias=False)
-                                for i, layer in subtree.items()}
+                merged[name] = {
+                    i: jax.device_put(layer, self._replicated, may_alias=False)
+                    for i, layer in subtree.items()
+                }
             else:
                 merged[name] = jax.device_put(subtree, self._replicated, may_alias=False)
         nnx.replace_by_pure_dict(self.params, merged)
 
-    def generate(self, prompts: Sequence[np.ndarray], *, key: jax.Array, max_new_tokens: int,
-                 sampling: SamplingParams) -> Rollout:
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        key: jax.Array,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+    ) -> Rollout:
         """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens."""
         n = len(prompts)
         capacity = self.config.capacity or n
@@ -114,19 +131,30 @@ class JaxEngine:
             batch += [batch[0]] * (rows - len(batch))  # pad the last wave with a real prompt
             tokens, lens = self._left_pad(batch, prompt_len)
             key, wave_key = jax.random.split(key)
-            outputs.append(program(self.params, jax.device_put(tokens, self._rows),
-                                   jax.device_put(lens, self._rows), wave_key))
+            outputs.append(
+                program(
+                    self.params,
+                    jax.device_put(tokens, self._rows),
+                    jax.device_put(lens, self._rows),
+                    wave_key,
+                )
+            )
         outputs = jax.device_get(outputs)
         cat = lambda i: np.concatenate([o[i] for o in outputs])[:n]
         tokens, logprobs, lengths = cat(0), cat(1), cat(2)
         ended_with_eos = tokens[np.arange(n), np.maximum(lengths - 1, 0)] == self.eos_id
         return Rollout(
-            tokens=tokens, logprobs=logprobs, lengths=lengths,
+            tokens=tokens,
+            logprobs=logprobs,
+            lengths=lengths,
             truncated=(lengths >= max_new_tokens) & (~ended_with_eos | sampling.ignore_eos),
-            decode_iterations=int(sum(int(o[3]) for o in outputs)), waves=waves,
+            decode_iterations=int(sum(int(o[3]) for o in outputs)),
+            waves=waves,
         )
 
-    def _left_pad(self, prompts: Sequence[np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray]:
+    def _left_pad(
+        self, prompts: Sequence[np.ndarray], length: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         tokens = np.full((len(prompts), length), self.pad_id, np.int32)
         lens = np.zeros(len(prompts), np.int32)
         for i, p in enumerate(prompts):
@@ -138,7 +166,11 @@ class JaxEngine:
         signature = (rows, prompt_len, max_new, sampling)
         if signature not in self._programs:
             fn = functools.partial(
-                _generate, self.graphdef, max_new=max_new, sampling=sampling, eos_id=self.eos_id,
+                _generate,
+                self.graphdef,
+                max_new=max_new,
+                sampling=sampling,
+                eos_id=self.eos_id,
                 pad_id=self.pad_id,
             )
             self._programs[signature] = jax.jit(
@@ -155,8 +187,9 @@ def _generate(graphdef, params, prompts, prompt_lens, key, *, max_new, sampling,
     pad = prompt_len - prompt_lens  # left padding per row
     slot_ids = jnp.arange(slots)
     key_valid = slot_ids[None, :] >= pad[:, None]  # [C, S]: padding slots are never attended
-    sample = functools.partial(sample_tokens, temperature=sampling.temperature,
-                               top_k=sampling.top_k, top_p=sampling.top_p)
+    sample = functools.partial(
+        sample_tokens, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
+    )
 
     positions = jnp.maximum(jnp.arange(prompt_len)[None, :] - pad[:, None], 0)
     causal = slot_ids[None, None, :] <= jnp.arange(prompt_len)[None, :, None]

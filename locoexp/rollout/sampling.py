@@ -38,7 +38,9 @@ def _sample_full(key: Array, logits: Array) -> tuple[Array, Array]:
     b = jnp.minimum(jnp.sum(cdf < u[:, None], axis=-1), vocab // block - 1)
     below = jnp.take_along_axis(cdf - block_mass, b[:, None], axis=-1)[:, 0]
     inner = jnp.exp(jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0] - top[:, None])
-    j = jnp.minimum(jnp.sum(jnp.cumsum(inner, axis=-1) + below[:, None] < u[:, None], axis=-1), block - 1)
+    j = jnp.minimum(
+        jnp.sum(jnp.cumsum(inner, axis=-1) + below[:, None] < u[:, None], axis=-1), block - 1
+    )
     token = b * block + j
     logprob = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - top - jnp.log(total)
     return token, logprob

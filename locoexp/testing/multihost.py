@@ -22,8 +22,9 @@ from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer
 
-MODEL = ModelConfig(vocab_size=32, num_layers=2, hidden_dim=32, mlp_dim=64, num_heads=4,
-                    num_kv_heads=2, head_dim=8)
+MODEL = ModelConfig(
+    vocab_size=32, num_layers=2, hidden_dim=32, mlp_dim=64, num_heads=4, num_kv_heads=2, head_dim=8
+)
 SEQUENCES = 8
 MAX_NEW = 6
 
@@ -31,9 +32,13 @@ MAX_NEW = 6
 def fixed_sequences(seed: int = 0):
     """The same prompts, completions, behaviour log-probs and advantages in every process."""
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(3, 32, size=rng.integers(2, 7)).astype(np.int32) for _ in range(SEQUENCES)]
-    completions = [rng.integers(3, 32, size=rng.integers(1, MAX_NEW + 1)).astype(np.int32)
-                   for _ in range(SEQUENCES)]
+    prompts = [
+        rng.integers(3, 32, size=rng.integers(2, 7)).astype(np.int32) for _ in range(SEQUENCES)
+    ]
+    completions = [
+        rng.integers(3, 32, size=rng.integers(1, MAX_NEW + 1)).astype(np.int32)
+        for _ in range(SEQUENCES)
+    ]
     behaviour = [rng.normal(-3.0, 0.1, size=len(c)).astype(np.float32) for c in completions]
     advantages = rng.normal(size=SEQUENCES).astype(np.float32)
     return prompts, completions, behaviour, advantages
@@ -44,13 +49,25 @@ def train_one_step(out_dir: str) -> None:
     hosts, index = jax.process_count(), jax.process_index()
     prompts, completions, behaviour, advantages = fixed_sequences()
     share = slice(index * SEQUENCES // hosts, (index + 1) * SEQUENCES // hosts)
-    trainer = Trainer(build_model(MODEL, seed=0), AlgoConfig(learning_rate=1e-2), TrainerConfig(),
-                      mesh=Mesh(np.array(jax.devices()), ("fsdp",)), temperature=1.0,
-                      max_new_tokens=MAX_NEW)
+    trainer = Trainer(
+        build_model(MODEL, seed=0),
+        AlgoConfig(learning_rate=1e-2),
+        TrainerConfig(),
+        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
+        temperature=1.0,
+        max_new_tokens=MAX_NEW,
+    )
 
-    batch = pack_sequences(prompts[share], completions[share], behaviour[share], advantages[share],
-                           row_tokens=16, rows_multiple=len(jax.local_devices()), agree_rows=agree,
-                           loss_slots=SEQUENCES // hosts * MAX_NEW)
+    batch = pack_sequences(
+        prompts[share],
+        completions[share],
+        behaviour[share],
+        advantages[share],
+        row_tokens=16,
+        rows_multiple=len(jax.local_devices()),
+        agree_rows=agree,
+        loss_slots=SEQUENCES // hosts * MAX_NEW,
+    )
     metrics = trainer.train_step(batch)
     full = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=True)
     leaves = {"/".join(map(str, path)): np.asarray(leaf) for path, leaf in _flat(full)}
@@ -62,24 +79,46 @@ def publish_then_sample(out_dir: str) -> None:
     index = jax.process_index()
     prompts, completions, behaviour, advantages = fixed_sequences()
     model = build_model(MODEL, seed=0)
-    trainer = Trainer(model, AlgoConfig(learning_rate=5e-2), TrainerConfig(),
-                      mesh=Mesh(np.array(jax.devices()), ("fsdp",)), temperature=1.0, max_new_tokens=MAX_NEW)
+    trainer = Trainer(
+        model,
+        AlgoConfig(learning_rate=5e-2),
+        TrainerConfig(),
+        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
+        temperature=1.0,
+        max_new_tokens=MAX_NEW,
+    )
     engine = JaxEngine(model, RolloutConfig(), eos_id=2, pad_id=0, devices=jax.local_devices())
 
     def pack(ps, cs, bs, adv):
-        return pack_sequences(ps, cs, bs, adv, row_tokens=16, rows_multiple=len(jax.local_devices()),
-                              agree_rows=agree, loss_slots=len(ps) * MAX_NEW)
+        return pack_sequences(
+            ps,
+            cs,
+            bs,
+            adv,
+            row_tokens=16,
+            rows_multiple=len(jax.local_devices()),
+            agree_rows=agree,
+            loss_slots=len(ps) * MAX_NEW,
+        )
 
     trainer.train_step(pack(prompts, completions, behaviour, advantages))
     phases.publish(trainer.params, engine, mesh=trainer.mesh, one_call=False)  # the per-layer path
-    rollout = engine.generate(prompts, key=jax.random.key(index), max_new_tokens=MAX_NEW,
-                              sampling=SamplingParams(temperature=1.0))
+    rollout = engine.generate(
+        prompts,
+        key=jax.random.key(index),
+        max_new_tokens=MAX_NEW,
+        sampling=SamplingParams(temperature=1.0),
+    )
     sampled = [rollout.completion(n) for n in range(len(prompts))]
     engine_logp = [rollout.logprobs[n, : rollout.lengths[n]] for n in range(len(prompts))]
     batch = pack(prompts, sampled, engine_logp, advantages)
     trainer_logp = trainer.logprobs(batch)
-    np.savez(Path(out_dir) / f"publish_{index}.npz", engine=batch.behaviour_logprobs,
-             trainer=trainer_logp, mask=batch.loss_mask)
+    np.savez(
+        Path(out_dir) / f"publish_{index}.npz",
+        engine=batch.behaviour_logprobs,
+        trainer=trainer_logp,
+        mask=batch.loss_mask,
+    )
 
 
 def agree(rows: int) -> int:

@@ -51,8 +51,12 @@ def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array,
     scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
     mask = batch["loss_mask"].astype(jnp.float32)
     denominator = loss_denominator(mask, spec.aggregation, batch["normalizer"])
-    per_slot = {"mask": mask, "targets": batch["loss_targets"], "advantages": batch["advantages"],
-                "behaviour": batch["behaviour_logprobs"]}
+    per_slot = {
+        "mask": mask,
+        "targets": batch["loss_targets"],
+        "advantages": batch["advantages"],
+        "behaviour": batch["behaviour_logprobs"],
+    }
     if spec.kl_coef > 0:
         per_slot["ref"] = batch["ref_logprobs"]
     per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
@@ -60,9 +64,16 @@ def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array,
 
     def objective(logp, c):
         per_token, terms = per_token_loss(
-            logp, jax.lax.stop_gradient(logp), c["advantages"], clip_eps_low=spec.clip_eps_low,
-            clip_eps_high=spec.clip_eps_high, kl_coef=spec.kl_coef, ref_logp=c.get("ref"),
-            behaviour_logp=c["behaviour"], tis_cap=spec.tis_cap)
+            logp,
+            jax.lax.stop_gradient(logp),
+            c["advantages"],
+            clip_eps_low=spec.clip_eps_low,
+            clip_eps_high=spec.clip_eps_high,
+            kl_coef=spec.kl_coef,
+            ref_logp=c.get("ref"),
+            behaviour_logp=c["behaviour"],
+            tis_cap=spec.tis_cap,
+        )
         return (per_token * c["mask"]).sum() / denominator, terms
 
     def step(dweight, c):
@@ -72,7 +83,11 @@ def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array,
         probs = jnp.exp(logits - top)
         total = probs.sum(-1, keepdims=True)
         probs = probs / total
-        logp = jnp.take_along_axis(logits, c["targets"][:, None], -1)[:, 0] - top[:, 0] - jnp.log(total[:, 0])
+        logp = (
+            jnp.take_along_axis(logits, c["targets"][:, None], -1)[:, 0]
+            - top[:, 0]
+            - jnp.log(total[:, 0])
+        )
         (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
         # d logp / d logits = scale (onehot(target) - softmax)
         dlogits = (-g[:, None] * scale) * probs

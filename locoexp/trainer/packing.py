@@ -106,7 +106,13 @@ def pack_sequences(
             k += c
             offset = end
     return PackedBatch(
-        tokens=tokens, positions=positions, segment_ids=segments, loss_index=loss_index,
-        loss_targets=loss_targets, loss_mask=loss_mask, advantages=loss_adv,
-        behaviour_logprobs=loss_behaviour, num_sequences=len(prompts),
+        tokens=tokens,
+        positions=positions,
+        segment_ids=segments,
+        loss_index=loss_index,
+        loss_targets=loss_targets,
+        loss_mask=loss_mask,
+        advantages=loss_adv,
+        behaviour_logprobs=loss_behaviour,
+        num_sequences=len(prompts),
     )

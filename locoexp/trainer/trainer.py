@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from locoexp.algo.config import AlgoConfig, LossAggregation
+from locoexp.algo.config import AlgoConfig
 from locoexp.model.transformer import Transformer, causal_segment_mask
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.head import HeadLossSpec, head_loss
@@ -37,8 +37,9 @@ def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
         lr = optax.linear_schedule(0.0, algo.learning_rate, algo.warmup_steps)
     else:
         lr = algo.learning_rate
-    adamw = optax.adamw(lr, b1=algo.adam_b1, b2=algo.adam_b2, eps=algo.adam_eps,
-                        weight_decay=algo.weight_decay)
+    adamw = optax.adamw(
+        lr, b1=algo.adam_b1, b2=algo.adam_b2, eps=algo.adam_eps, weight_decay=algo.weight_decay
+    )
     if algo.max_grad_norm > 0:
         return optax.chain(optax.clip_by_global_norm(algo.max_grad_norm), adamw)
     return adamw
@@ -75,7 +76,9 @@ def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk
     padded = -(-k // size) * size  # the last chunk is padded with copies of slot 0, then dropped
     targets = batch["loss_targets"]
     if padded != k:
-        hidden = jnp.concatenate([hidden, jnp.broadcast_to(hidden[:1], (padded - k, hidden.shape[1]))])
+        hidden = jnp.concatenate(
+            [hidden, jnp.broadcast_to(hidden[:1], (padded - k, hidden.shape[1]))]
+        )
         targets = jnp.concatenate([targets, jnp.broadcast_to(targets[:1], (padded - k,))])
     chunks = (hidden.reshape(padded // size, size, -1), targets.reshape(padded // size, size))
     return jax.lax.map(chunk_logprobs, chunks).reshape(padded)[:k]
@@ -84,8 +87,16 @@ def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk
 class Trainer:
     """Policy parameters, AdamW state and the jitted GRPO train step on a `fsdp` mesh."""
 
-    def __init__(self, model: Transformer, algo: AlgoConfig, config: TrainerConfig, *,
-                 mesh: Mesh, temperature: float, max_new_tokens: int):
+    def __init__(
+        self,
+        model: Transformer,
+        algo: AlgoConfig,
+        config: TrainerConfig,
+        *,
+        mesh: Mesh,
+        temperature: float,
+        max_new_tokens: int,
+    ):
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.graphdef, params = nnx.split(model, nnx.Param)
@@ -94,7 +105,8 @@ class Trainer:
         if owners != sorted(owners):
             raise ValueError("the trainer mesh must list each process's devices contiguously")
         self.param_shardings = jax.tree.map(
-            lambda x: NamedSharding(mesh, fsdp_spec(x.shape, devices)), params)
+            lambda x: NamedSharding(mesh, fsdp_spec(x.shape, devices)), params
+        )
         self.params = jax.device_put(params, self.param_shardings)
         # a copy: the step donates self.params, which must not free the reference
         self.reference = jax.tree.map(jnp.copy, self.params) if algo.kl_coef > 0 else None
@@ -103,18 +115,26 @@ class Trainer:
         # output shardings keeps every step's inputs identical to the first's (one compile).
         replicated = NamedSharding(mesh, PS())
         self.opt_shardings = optax.tree_map_params(
-            self.optimizer, lambda _, sharding: sharding,
-            jax.eval_shape(self.optimizer.init, params), self.param_shardings,
+            self.optimizer,
+            lambda _, sharding: sharding,
+            jax.eval_shape(self.optimizer.init, params),
+            self.param_shardings,
             transform_non_params=lambda _: replicated,
         )
         self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(self.params)
         self.loss_spec = HeadLossSpec(
-            clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
-            tis_cap=algo.tis_cap, aggregation=algo.loss_aggregation, temperature=temperature,
-            chunk=config.logit_chunk_tokens)
+            clip_eps_low=algo.clip_eps_low,
+            clip_eps_high=algo.clip_eps_high,
+            kl_coef=algo.kl_coef,
+            tis_cap=algo.tis_cap,
+            aggregation=algo.loss_aggregation,
+            temperature=temperature,
+            chunk=config.logit_chunk_tokens,
+        )
         self.steps_done = 0
         self._step = jax.jit(
-            self._train_step, donate_argnums=(0, 1),
+            self._train_step,
+            donate_argnums=(0, 1),
             out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         )
         self._logprobs = jax.jit(self._logprobs_fn)
@@ -138,14 +158,19 @@ class Trainer:
         processes, index = jax.process_count(), jax.process_index()
         rows, row_tokens = batch.tokens.shape
         arrays = {
-            "tokens": batch.tokens, "positions": batch.positions, "segment_ids": batch.segment_ids,
+            "tokens": batch.tokens,
+            "positions": batch.positions,
+            "segment_ids": batch.segment_ids,
             "loss_index": batch.loss_index + np.int32(index * rows * row_tokens),
-            "loss_targets": batch.loss_targets, "loss_mask": batch.loss_mask,
-            "advantages": batch.advantages, "behaviour_logprobs": batch.behaviour_logprobs,
+            "loss_targets": batch.loss_targets,
+            "loss_mask": batch.loss_mask,
+            "advantages": batch.advantages,
+            "behaviour_logprobs": batch.behaviour_logprobs,
         }
         placed = {
             k: jax.make_array_from_process_local_data(
-                self._rows_sharding(v.ndim), v, (v.shape[0] * processes, *v.shape[1:]))
+                self._rows_sharding(v.ndim), v, (v.shape[0] * processes, *v.shape[1:])
+            )
             for k, v in arrays.items()
         }
         placed["normalizer"] = jnp.float32(batch.num_sequences * processes * self.max_new_tokens)
@@ -153,12 +178,16 @@ class Trainer:
 
     def _logprobs_fn(self, params, batch):
         model = nnx.merge(self.graphdef, params)
-        return token_logprobs(model, batch, temperature=self.temperature,
-                              chunk=self.config.logit_chunk_tokens)
+        return token_logprobs(
+            model, batch, temperature=self.temperature, chunk=self.config.logit_chunk_tokens
+        )
 
     def _train_step(self, params, opt_state, batch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
-            batch = {**batch, "ref_logprobs": jax.lax.stop_gradient(self._logprobs_fn(reference, batch))}
+            batch = {
+                **batch,
+                "ref_logprobs": jax.lax.stop_gradient(self._logprobs_fn(reference, batch)),
+            }
 
         def loss_fn(p):
             model = nnx.merge(self.graphdef, p)
@@ -175,7 +204,9 @@ class Trainer:
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns host-side scalar metrics."""
         placed = self.device_batch(batch)
-        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, placed, self.reference)
+        self.params, self.opt_state, metrics = self._step(
+            self.params, self.opt_state, placed, self.reference
+        )
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -184,6 +215,8 @@ class Trainer:
         values = self._logprobs(self.params, self.device_batch(batch))
         if values.is_fully_addressable:
             return np.asarray(values)
-        local = [shard.data for shard in sorted(values.addressable_shards, key=lambda s: s.index[0].start)]
+        local = [
+            shard.data
+            for shard in sorted(values.addressable_shards, key=lambda s: s.index[0].start)
+        ]
         return np.concatenate([np.asarray(x) for x in local])
-
