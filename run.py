@@ -101,7 +101,7 @@ def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in itertools.product(*choices)]
 
 
-def preflight(argv: list[str]) -> None:
+def preflight(argv: list[str]) -> list[Config]:
     """Compose and validate every job before Hydra starts, so bad input writes nothing."""
     from pathlib import Path  # noqa: PLC0415
 
@@ -110,8 +110,16 @@ def preflight(argv: list[str]) -> None:
     with initialize_config_dir(
         config_dir=str(Path(__file__).parent / CONFIG_DIR), version_base="1.3"
     ):
-        for overrides in _sweep_combinations(_job_overrides(argv)):
+        configs = [
             to_config(compose(config_name="config", overrides=overrides))
+            for overrides in _sweep_combinations(_job_overrides(argv))
+        ]
+    from locoexp.main import check_run  # noqa: PLC0415  (jax loads only once the config is valid)
+
+    for config in configs:
+        if not config.dry_run:
+            check_run(config)
+    return configs
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
@@ -138,11 +146,16 @@ def main(cfg: DictConfig) -> None:
 
 def cli() -> None:
     try:
-        preflight(sys.argv[1:])
+        configs = preflight(sys.argv[1:])
     except (ConfigError, OmegaConfBaseException, hydra.errors.HydraException, ValueError) as error:
         message = str(error) if isinstance(error, ConfigError) else _hydra_message(error)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    if configs and all(c.dry_run for c in configs):  # print the plans; create no run directory
+        from locoexp.main import plan  # noqa: PLC0415
+
+        print("\n\n".join(plan(c) for c in configs), flush=True)
+        return
     main()
 
 

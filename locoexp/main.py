@@ -64,14 +64,10 @@ def process_layout(config: Config) -> tuple[int, int]:
 def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str, Any] | None = None,
         sweep_name: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Execute one run; returns its summary (also written to `<run_dir>/summary.json`)."""
-    roles = placement_roles(config)
     if config.dry_run:
-        print(describe_plan(config.model, config.hardware, config.rollout, config.dataset,
-                            config.trainer, roles), flush=True)
+        print(plan(config), flush=True)
         return {"dry_run": True}
-    check_fit(config.model, config.hardware, config.rollout, config.dataset, config.trainer, roles)
-    require(config.placement.kind is not PlacementKind.da,
-            "placement=da is not available yet in this build; use placement=co or single_controller.")
+    check_run(config)
     processes, devices = process_layout(config)
     args = (config, str(run_dir), resolved_config, sweep_name, progress)
     if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
@@ -82,6 +78,20 @@ def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str,
     if config.hardware.chip is not ChipKind.cpu and processes > 1:
         initialize_distributed(coordinator=None, num_processes=processes, process_id=None)
     return run_host(*args)
+
+
+def plan(config: Config) -> str:
+    """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
+    return describe_plan(config.model, config.hardware, config.rollout, config.dataset,
+                         config.trainer, placement_roles(config))
+
+
+def check_run(config: Config) -> None:
+    """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
+    check_fit(config.model, config.hardware, config.rollout, config.dataset, config.trainer,
+              placement_roles(config))
+    require(config.placement.kind is not PlacementKind.da,
+            "placement=da is not available yet in this build; use placement=co or single_controller.")
 
 
 def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | None,
