@@ -1,7 +1,7 @@
 """`rollout=vllm` end to end: GRPO steps with vLLM generating, the JAX trainer training.
 
 Needs vLLM (skipped with a reason where it is absent, as in the default environment). Run it in
-the vLLM virtualenv of docs/vllm.md:
+the vLLM virtualenv of README.md ("vLLM backend"):
 
     /opt/vllm-venv/bin/python -m pytest -m vllm tests/test_vllm_engine.py
 
@@ -33,7 +33,7 @@ from locoexp.trainer.trainer import Trainer
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed (see docs/vllm.md for the vLLM virtualenv)"),
+                       reason="vLLM is not installed (see "vLLM backend" in README.md for the vLLM virtualenv)"),
 ]
 
 # fp32 on both sides; vLLM-CPU (oneDNN GEMMs, its own attention kernel) and XLA sum in different
