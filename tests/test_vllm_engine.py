@@ -33,7 +33,7 @@ from locoexp.trainer.trainer import Trainer
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed (see "vLLM backend" in README.md for the vLLM virtualenv)"),
+                       reason="vLLM is not installed (see 'vLLM backend' in README.md for the vLLM virtualenv)"),
 ]
 
 # fp32 on both sides; vLLM-CPU (oneDNN GEMMs, its own attention kernel) and XLA sum in different
