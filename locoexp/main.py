@@ -41,15 +41,28 @@ def placement_roles(config: Config) -> Roles:
     hosts = config.hardware.hosts
     match config.placement.kind:
         case PlacementKind.co:
-            return Roles(trainer_hosts=hosts, rollout_hosts=hosts, colocated=True,
-                         kl_reference=config.algo.kl_coef > 0)
+            return Roles(
+                trainer_hosts=hosts,
+                rollout_hosts=hosts,
+                colocated=True,
+                kl_reference=config.algo.kl_coef > 0,
+            )
         case PlacementKind.single_controller:
-            return Roles(trainer_hosts=hosts, rollout_hosts=hosts, colocated=True,
-                         hosts_per_engine=hosts, kl_reference=config.algo.kl_coef > 0)
+            return Roles(
+                trainer_hosts=hosts,
+                rollout_hosts=hosts,
+                colocated=True,
+                hosts_per_engine=hosts,
+                kl_reference=config.algo.kl_coef > 0,
+            )
         case PlacementKind.da:
             trainer_hosts = round((config.split or 0) * hosts)
-            return Roles(trainer_hosts=trainer_hosts, rollout_hosts=hosts - trainer_hosts,
-                         colocated=False, kl_reference=config.algo.kl_coef > 0)
+            return Roles(
+                trainer_hosts=trainer_hosts,
+                rollout_hosts=hosts - trainer_hosts,
+                colocated=False,
+                kl_reference=config.algo.kl_coef > 0,
+            )
 
 
 def process_layout(config: Config) -> tuple[int, int]:
@@ -61,8 +74,14 @@ def process_layout(config: Config) -> tuple[int, int]:
     return hw.hosts, hw.devices_per_host
 
 
-def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str, Any] | None = None,
-        sweep_name: str | None = None, progress: bool = True) -> dict[str, Any]:
+def run(
+    config: Config,
+    *,
+    run_dir: str | Path = ".",
+    resolved_config: dict[str, Any] | None = None,
+    sweep_name: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Execute one run; returns its summary (also written to `<run_dir>/summary.json`)."""
     if config.dry_run:
         print(plan(config), flush=True)
@@ -71,7 +90,9 @@ def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str,
     processes, devices = process_layout(config)
     args = (config, str(run_dir), resolved_config, sweep_name, progress)
     if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
-        code = launch_local_processes(run_host, args, num_processes=processes, devices_per_process=devices)
+        code = launch_local_processes(
+            run_host, args, num_processes=processes, devices_per_process=devices
+        )
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -82,29 +103,50 @@ def run(config: Config, *, run_dir: str | Path = ".", resolved_config: dict[str,
 
 def plan(config: Config) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    return describe_plan(config.model, config.hardware, config.rollout, config.dataset,
-                         config.trainer, placement_roles(config))
+    return describe_plan(
+        config.model,
+        config.hardware,
+        config.rollout,
+        config.dataset,
+        config.trainer,
+        placement_roles(config),
+    )
 
 
 def check_run(config: Config) -> None:
     """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
-    check_fit(config.model, config.hardware, config.rollout, config.dataset, config.trainer,
-              placement_roles(config))
-    require(config.placement.kind is not PlacementKind.da,
-            "placement=da is not available yet in this build; use placement=co or single_controller.")
+    check_fit(
+        config.model,
+        config.hardware,
+        config.rollout,
+        config.dataset,
+        config.trainer,
+        placement_roles(config),
+    )
+    require(
+        config.placement.kind is not PlacementKind.da,
+        "placement=da is not available yet in this build; use placement=co or single_controller.",
+    )
 
 
-def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | None,
-             sweep_name: str | None, progress: bool) -> dict[str, Any]:
+def run_host(
+    config: Config,
+    run_dir: str,
+    resolved_config: dict[str, Any] | None,
+    sweep_name: str | None,
+    progress: bool,
+) -> dict[str, Any]:
     """This process's part of the run; every host calls it, process 0 writes the run directory."""
     start_time = time.perf_counter()
     run_dir = Path(run_dir)
     hosts = HostGroup.current()
     task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
-    require(task.tokenizer.vocab_size <= config.model.vocab_size,
-            f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-            f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
-            "whose vocabulary covers it (e.g. model=tiny_qwen).")
+    require(
+        task.tokenizer.vocab_size <= config.model.vocab_size,
+        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+        f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
+        "whose vocabulary covers it (e.g. model=tiny_qwen).",
+    )
     schedule = build_schedule(config, len(task.train))
     runner = build_runner(config, task, schedule, hosts)
 
@@ -112,8 +154,13 @@ def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | Non
     if logging_here:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_file = MetricsFile(run_dir / "metrics.jsonl")
-        logger = build_logger(config.logger, run_dir=run_dir, resolved_config=resolved_config or {},
-                              run_name=run_dir.resolve().name, sweep_name=sweep_name)
+        logger = build_logger(
+            config.logger,
+            run_dir=run_dir,
+            resolved_config=resolved_config or {},
+            run_name=run_dir.resolve().name,
+            sweep_name=sweep_name,
+        )
     bar = Progress(config.steps, enabled=progress and logging_here)
     checkpoints: list[Checkpoint] = []
 
@@ -123,21 +170,40 @@ def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | Non
         bar.update(record)
 
     def on_eval(record: dict) -> None:
-        checkpoints.append(Checkpoint(step=record["step"], elapsed_s=record["time/elapsed_s"],
-                                      score=record["eval/accuracy"]))
+        checkpoints.append(
+            Checkpoint(
+                step=record["step"],
+                elapsed_s=record["time/elapsed_s"],
+                score=record["eval/accuracy"],
+            )
+        )
         metrics_file.write(record)
         logger.log(record, step=record["step"])
 
     try:
-        summary = run_loop(runner, steps=config.steps, eval_every_steps=config.eval_every_steps,
-                           eval_at_updates=config.eval_at_updates, eval_limit=config.dataset.eval_size, hooks=LoopHooks(export=export, on_eval=on_eval),
-                           start_time=start_time)
+        summary = run_loop(
+            runner,
+            steps=config.steps,
+            eval_every_steps=config.eval_every_steps,
+            eval_at_updates=config.eval_at_updates,
+            eval_limit=config.dataset.eval_size,
+            hooks=LoopHooks(export=export, on_eval=on_eval),
+            start_time=start_time,
+        )
         if not logging_here:
             return summary
-        cost = compute_cost_to_learn(checkpoints, target=config.eval_target, chips=config.hardware.chips,
-                                     chip_hour_price_usd=config.hardware.chip_hour_price_usd)
-        summary = {**summary, "eval_accuracy": checkpoints[-1].score, **cost.as_metrics(),
-                   "wall_s": time.perf_counter() - start_time}
+        cost = compute_cost_to_learn(
+            checkpoints,
+            target=config.eval_target,
+            chips=config.hardware.chips,
+            chip_hour_price_usd=config.hardware.chip_hour_price_usd,
+        )
+        summary = {
+            **summary,
+            "eval_accuracy": checkpoints[-1].score,
+            **cost.as_metrics(),
+            "wall_s": time.perf_counter() - start_time,
+        }
         logger.summary(summary)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     finally:
@@ -152,28 +218,57 @@ def run_host(config: Config, run_dir: str, resolved_config: dict[str, Any] | Non
 def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGroup) -> Colocated:
     """The engine on this host's devices, the trainer on every device, the step settings."""
     model = load_model(config.model, seed=config.seed)
-    engine_devices = jax.local_devices() if hosts.count > 1 or config.placement.kind is PlacementKind.co \
+    engine_devices = (
+        jax.local_devices()
+        if hosts.count > 1 or config.placement.kind is PlacementKind.co
         else jax.devices()
-    engine = build_engine(model, config.rollout, eos_id=task.tokenizer.eos_id,
-                          pad_id=task.tokenizer.pad_id, devices=engine_devices,
-                          max_sequence_tokens=config.dataset.max_prompt_tokens + config.dataset.max_new_tokens)
-    trainer = Trainer(model, config.algo, config.trainer, mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
-                      temperature=config.rollout.temperature, max_new_tokens=config.dataset.max_new_tokens)
-    return Colocated(task=task, schedule=schedule, engine=engine, trainer=trainer,
-                     settings=build_settings(config, local_devices=len(jax.local_devices())), hosts=hosts)
+    )
+    engine = build_engine(
+        model,
+        config.rollout,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        devices=engine_devices,
+        max_sequence_tokens=config.dataset.max_prompt_tokens + config.dataset.max_new_tokens,
+    )
+    trainer = Trainer(
+        model,
+        config.algo,
+        config.trainer,
+        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
+        temperature=config.rollout.temperature,
+        max_new_tokens=config.dataset.max_new_tokens,
+    )
+    return Colocated(
+        task=task,
+        schedule=schedule,
+        engine=engine,
+        trainer=trainer,
+        settings=build_settings(config, local_devices=len(jax.local_devices())),
+        hosts=hosts,
+    )
 
 
 def build_schedule(config: Config, num_examples: int) -> PromptSchedule:
     d = config.dataset
     try:
-        schedule = PromptSchedule(num_examples, d.prompts_per_step, seed=d.seed,
-                                  batches_per_pass=d.batches_per_pass, passes=d.passes)
+        schedule = PromptSchedule(
+            num_examples,
+            d.prompts_per_step,
+            seed=d.seed,
+            batches_per_pass=d.batches_per_pass,
+            passes=d.passes,
+        )
     except ValueError as error:
-        raise ConfigError(f"dataset.batches_per_pass / dataset.prompts_per_step: {error}.") from None
+        raise ConfigError(
+            f"dataset.batches_per_pass / dataset.prompts_per_step: {error}."
+        ) from None
     total = schedule.total_steps
-    require(total is None or config.steps <= total,
-            f"steps={config.steps} exceeds the {total} steps that dataset.batches_per_pass="
-            f"{d.batches_per_pass} x dataset.passes={d.passes} define; set steps<={total}.")
+    require(
+        total is None or config.steps <= total,
+        f"steps={config.steps} exceeds the {total} steps that dataset.batches_per_pass="
+        f"{d.batches_per_pass} x dataset.passes={d.passes} define; set steps<={total}.",
+    )
     return schedule
 
 
@@ -183,10 +278,14 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
     return StepSettings(
         group_size=d.samples_per_prompt,
         max_new_tokens=d.max_new_tokens,
-        row_tokens=config.trainer.row_tokens or _round_up(d.max_prompt_tokens + d.max_new_tokens, 8),
-        loss_slot_multiple=math.lcm(min(chunk, d.samples_per_prompt * d.max_new_tokens), local_devices),
-        sampling=SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                ignore_eos=r.ignore_eos),
+        row_tokens=config.trainer.row_tokens
+        or _round_up(d.max_prompt_tokens + d.max_new_tokens, 8),
+        loss_slot_multiple=math.lcm(
+            min(chunk, d.samples_per_prompt * d.max_new_tokens), local_devices
+        ),
+        sampling=SamplingParams(
+            temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ignore_eos=r.ignore_eos
+        ),
         eval_sampling=SamplingParams(temperature=r.eval_temperature, top_k=r.top_k, top_p=r.top_p),
         advantage=config.algo.advantage,
         advantage_eps=config.algo.advantage_eps,
@@ -201,6 +300,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 def config_as_dict(config: Config) -> dict[str, Any]:
     """The resolved config as plain JSON-able values (enums by value)."""
+
     def plain(value):
         if dataclasses.is_dataclass(value):
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -209,5 +309,3 @@ def config_as_dict(config: Config) -> dict[str, Any]:
         return getattr(value, "value", value)
 
     return plain(config)
-
-
