@@ -30,6 +30,7 @@ from locoexp.model.checkpoint import load_model
 from locoexp.model.memory import Roles, check_fit, describe_plan
 from locoexp.placement.colocated import Colocated, LoopHooks, StepSettings, run_loop
 from locoexp.placement.config import PlacementKind
+from locoexp.placement.disaggregated import run_da
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
 from locoexp.placement.multihost import HostGroup
 from locoexp.rollout.build import build_engine
@@ -87,6 +88,14 @@ def run(
         print(plan(config), flush=True)
         return {"dry_run": True}
     check_run(config)
+    if config.placement.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
+        return run_da(
+            config,
+            run_dir=run_dir,
+            resolved_config=resolved_config,
+            sweep_name=sweep_name,
+            progress=progress,
+        )
     processes, devices = process_layout(config)
     args = (config, str(run_dir), resolved_config, sweep_name, progress)
     if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
@@ -122,10 +131,6 @@ def check_run(config: Config) -> None:
         config.dataset,
         config.trainer,
         placement_roles(config),
-    )
-    require(
-        config.placement.kind is not PlacementKind.da,
-        "placement=da is not available yet in this build; use placement=co or single_controller.",
     )
 
 
