@@ -1,0 +1,180 @@
+"""`placement=da` with real Ray actors and real processes on CPU (tiny model, synthetic task):
+one-step staleness, importance weights, every batch trained exactly once, per-side timings,
+and no process left behind after a run or a failure."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import psutil
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+
+import run as run_module  # registers the config schema (conftest puts the repo on the path)
+from locoexp.algo.grpo import per_token_loss
+from locoexp.dataset.build import build_task
+from locoexp.errors import ConfigError
+from locoexp.main import build_schedule
+from locoexp.main import run as run_grpo
+from locoexp.metrics.run_records import read_metrics_jsonl
+
+pytestmark = pytest.mark.slow
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+TINY = ["logger=none", "eval_every_steps=0", "dataset.synthetic.eval_size=8", "placement=da"]
+RUNS = {
+    "2 hosts, split=0.5": ["split=0.5", "hardware.hosts=2", "dataset.prompts_per_step=4"],
+    "4 hosts, split=0.25": ["split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=6"],
+}
+STEPS = 4
+TIMING_KEYS = [
+    f"timing/{name}_s"
+    for name in (
+        "load", "admission", "generation", "reward", "rollout",  # rollout side, batch t
+        "transfer", "pack", "train", "publish", "trainer",  # trainer side, step t
+        "step", "trainer_idle", "overlap",  # the driver's period and what overlapped
+    )
+]  # fmt: skip
+
+
+def ray_processes() -> set[int]:
+    """Ray's processes on this machine: actor workers (`ray::...`) and the cluster daemons."""
+    found = set()
+    for process in psutil.process_iter(["pid", "name", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if cmdline.startswith("ray::") or process.info["name"] in ("raylet", "gcs_server"):
+            found.add(process.info["pid"])
+    return found
+
+
+def assert_no_new_ray_processes(before: set[int], *, wait_s: float = 20.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each layout once: (config, run directory, summary, Ray processes left after it)."""
+    out = {}
+    for name, overrides in RUNS.items():
+        config = _compose([*TINY, *overrides, f"steps={STEPS}", "dataset.samples_per_prompt=2"])
+        run_dir = tmp_path_factory.mktemp("da")
+        before = ray_processes()
+        summary = run_grpo(config, run_dir=run_dir, progress=False)
+        assert_no_new_ray_processes(before)
+        out[name] = (config, run_dir, summary)
+    return out
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return run_module.to_config(compose(config_name="config", overrides=list(overrides)))
+
+
+def _steps(run_dir):
+    return [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" not in r]
+
+
+@pytest.mark.parametrize("layout", RUNS)
+def test_da_runs_every_step_and_writes_the_co_records(runs, layout):
+    _, run_dir, summary = runs[layout]
+    records = _steps(run_dir)
+    assert [r["step"] for r in records] == list(range(STEPS))
+    for record in records:
+        assert set(TIMING_KEYS) <= record.keys(), set(TIMING_KEYS) - record.keys()
+        assert record["rollout/tokens_out"] > 0 and np.isfinite(record["train/loss"])
+        assert 0.0 <= record["timing/overlap_share"] <= 1.0
+    evals = [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    assert [e["step"] for e in evals] == [STEPS - 1]
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert written["steps"] == summary["steps"] == STEPS
+    assert written["eval_accuracy"] == evals[0]["eval/accuracy"]
+
+
+@pytest.mark.parametrize("layout", RUNS)
+def test_staleness_is_exactly_one_step_after_warm_up(runs, layout):
+    _, run_dir, _ = runs[layout]
+    records = _steps(run_dir)
+    assert [r["train/staleness_steps"] for r in records] == [0] + [1] * (STEPS - 1)
+    # batch t (t >= 1) was generated with the weights published after step t-2 (version t-1)
+    assert [r["rollout/weight_version"] for r in records] == [0, *range(STEPS - 1)]
+
+
+@pytest.mark.parametrize("layout", RUNS)
+def test_importance_weight_is_one_where_sampler_and_trainer_weights_agree(runs, layout):
+    step0 = _steps(runs[layout][1])[0]  # both sides hold the initial weights
+    assert step0["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert step0["train/sampler_logprob_gap"] < 1e-4
+
+
+def test_importance_weight_of_equal_log_probs_is_exactly_one():
+    logp = jnp.array([-0.5, -2.0, -7.0])
+    _, terms = per_token_loss(
+        logp, logp, jnp.ones(3), clip_eps_low=0.2, clip_eps_high=0.2,
+        behaviour_logp=logp, tis_cap=2.0,
+    )  # fmt: skip
+    np.testing.assert_array_equal(terms["train/tis_weight_mean"], np.ones(3))
+    _, stale = per_token_loss(
+        logp, logp, jnp.ones(3), clip_eps_low=0.2, clip_eps_high=0.2,
+        behaviour_logp=logp - 5.0, tis_cap=2.0,
+    )  # fmt: skip
+    np.testing.assert_array_equal(stale["train/tis_weight_mean"], np.full(3, 2.0))  # capped
+
+
+@pytest.mark.parametrize("layout", RUNS)
+def test_every_batch_is_trained_once_with_the_scheduled_prompts(runs, layout):
+    config, run_dir, _ = runs[layout]
+    task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
+    schedule = build_schedule(config, len(task.train))
+    lines = [json.loads(x) for x in (run_dir / "batches.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(STEPS))
+    for line in lines:
+        scheduled = [task.train[i].id for i in schedule.batch(line["step"])]
+        assert sorted(line["example_ids"]) == sorted(scheduled)
+        assert len(line["example_ids"]) == len(set(line["example_ids"]))
+
+
+def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
+    """Two trainer hosts (their own jax.distributed group) and two rollout hosts; one rollout
+    actor's process is killed after the first step is exported."""
+    config = _compose(
+        [*TINY, "split=0.5", "hardware.hosts=4", "steps=200", "dataset.prompts_per_step=4",
+         "dataset.samples_per_prompt=2"]
+    )  # fmt: skip
+    before = ray_processes()
+    killed = []
+
+    def kill_a_rollout_host():
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
+            time.sleep(0.2)
+        for process in psutil.process_iter(["cmdline"]):
+            if " ".join(process.info["cmdline"] or []).startswith("ray::RolloutHost"):
+                process.kill()
+                killed.append(process.pid)
+                return
+
+    killer = threading.Thread(target=kill_a_rollout_host, daemon=True)
+    killer.start()
+    with pytest.raises(ray.exceptions.RayError):
+        run_grpo(config, run_dir=tmp_path, progress=False)
+    killer.join()
+    assert killed
+    assert not ray.is_initialized()
+    assert_no_new_ray_processes(before)
+    records = _steps(tmp_path)
+    assert records and records[0]["train/staleness_steps"] == 0
+
+
+def test_a_split_that_does_not_give_rollout_hosts_whole_groups_is_refused(tmp_path):
+    config = _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=4"])
+    with pytest.raises(ConfigError, match="divisible by the 3 rollout hosts"):
+        run_grpo(config, run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
