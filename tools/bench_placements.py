@@ -85,7 +85,14 @@ def compare_placements(hosts: int, launches: int, steps: int) -> dict:
     per_token = bootstrap_ratio(
         [r["timing/step_s"] / tokens(r) for r in sc], [r["timing/step_s"] / tokens(r) for r in co]
     )
+    phases = ("admission", "generation", "reward", "pack", "train", "publish", "log")
     return {
+        "phases_s": {
+            arm: {
+                p: float(np.median([r.get(f"timing/{p}_s", 0.0) for r in records])) for p in phases
+            }
+            for arm, records in arms.items()
+        },
         "hosts": hosts,
         "co_step_s": float(np.median([r["timing/step_s"] for r in co])),
         "single_controller_step_s": float(np.median([r["timing/step_s"] for r in sc])),
@@ -147,6 +154,9 @@ def main() -> None:
             f"{1e3 * result['decode_s_per_iteration_co']:.2f} ms/iteration (sc vs co)",
             flush=True,
         )
+        for arm, phases in result["phases_s"].items():
+            shown = ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items())
+            print(f"  {arm} phases (s, median; co: slowest host): {shown}", flush=True)
     results["levers"] = lever_effects(args.lever_hosts, args.launches, args.steps)
     for arm, row in results["levers"].items():
         ratio = row["off_over_on"]
