@@ -71,7 +71,12 @@ class RolloutHost:
             devices=jax.local_devices(),
             max_sequence_tokens=dataset.max_prompt_tokens + dataset.max_new_tokens,
         )
-        self.template = nnx.split(policy, nnx.Param)[1]  # host-side tree to load pure dicts into
+        # the tree that published pure dicts are loaded into: shapes only, so that the initial
+        # weights live once (in the engine), not twice
+        self.template = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.split(policy, nnx.Param)[1]
+        )
+        del policy
         self.version = 0  # the initial weights, identical to the trainer's (same seed)
         self.timer = StepTimer()
 

@@ -1,0 +1,164 @@
+"""co vs da at every valid split on local hosts, for a decode-heavy and a prefill-heavy workload
+scaled to this CPU, with the terms of Appendix C's Eq. 4 (issue [5 of 7]).
+
+    lambda_DA = max{DR(Hr) + dL, DT(Ht) + dpub} - A + tau,   lambda_co = DR(H) + DT(H) + dpub
+    DA wins iff O + A > F + dL + tau,   F = DR(Hr) - DR(H),   O = DT(H) + dpub(co)
+
+Measured (medians over steady steps, slowest host per side): lambda_co and lambda_DA (step
+times), DR(H) = admission + generation + reward under co, DT(H) = pack + train under co,
+dpub(co); DR(Hr) = admission + generation + reward of a da rollout host, dL (its weight load),
+DT(Ht) = transfer + pack + train of the da trainer, dpub (gather + object-store put), and the
+overlap share. Derived: F, O, and tau = lambda_DA - max{...} (a residual: Ray dispatch and
+whatever is unmeasured). A is 0 here by construction: the driver waits for every rollout host
+each step, so staleness absorbs no straggler wait (the paper's A is simulated).
+
+    python tools/bench_co_vs_da.py [--hosts 4] [--steps 6] [--workloads decode prefill]
+
+CPU figures from processes sharing this machine's cores; they are not TPU figures.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import run as run_module  # noqa: E402  (registers the config schema)
+from locoexp.config import valid_splits  # noqa: E402
+from locoexp.main import run  # noqa: E402
+from locoexp.metrics.run_records import read_metrics_jsonl  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "gsm8k"
+COMMON = ["logger=none", "eval_every_steps=0", "dataset.prompts_per_step=12"]
+WORKLOADS = {
+    # short prompts (~5 tokens), 48 forced output tokens: rollout is most of the step
+    "decode": [
+        "model=tiny",
+        "dataset=synthetic",
+        "dataset.synthetic.eval_size=4",
+        "dataset.samples_per_prompt=4",
+        "dataset.max_new_tokens=48",
+        "rollout.ignore_eos=true",
+    ],
+    # GSM8K prompts (~100-250 tokens) with the Qwen3 vocabulary, 4 output tokens: training the
+    # long packed rows (and the 152k-token head) is most of the step
+    "prefill": [
+        "model=tiny_qwen",
+        "model.hidden_dim=64",
+        "model.mlp_dim=192",
+        "model.num_layers=2",
+        "model.head_dim=16",
+        "dataset=gsm8k",
+        f"dataset.data_files={DATA / 'train.jsonl'}",
+        f"dataset.eval_data_files={DATA / 'test.jsonl'}",
+        "dataset.max_train_rows=512",
+        "dataset.eval_size=4",
+        "dataset.samples_per_prompt=4",
+        "dataset.max_prompt_tokens=256",
+        "dataset.max_new_tokens=4",
+        "rollout.ignore_eos=true",
+    ],
+}
+WARMUP_STEPS = 2
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose  # noqa: PLC0415
+    from hydra import initialize_config_dir  # noqa: PLC0415
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run_module.to_config(hydra_compose(config_name="config", overrides=overrides))
+
+
+def launch(overrides: list[str], steps: int) -> list[dict]:
+    """One launch; its steady step records."""
+    with tempfile.TemporaryDirectory() as folder:
+        run(compose(overrides + [f"steps={steps}"]), run_dir=folder, progress=False)
+        records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
+    return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
+
+
+def median(records: list[dict], *keys: str) -> float:
+    return float(np.median([sum(r.get(f"timing/{k}_s", 0.0) for k in keys) for r in records]))
+
+
+def eq4_terms(co: list[dict], da: list[dict]) -> dict[str, float]:
+    rollout = ("admission", "generation", "reward")
+    terms = {
+        "lambda_co": median(co, "step"),
+        "DR(H)": median(co, *rollout),
+        "DT(H)": median(co, "pack", "train"),
+        "dpub_co": median(co, "publish"),
+        "lambda_DA": median(da, "step"),
+        "DR(Hr)": median(da, *rollout),
+        "dL": median(da, "load"),
+        "DT(Ht)": median(da, "transfer", "pack", "train"),
+        "dpub": median(da, "publish"),
+        "overlap_share": float(np.median([r["timing/overlap_share"] for r in da])),
+        "A": 0.0,
+    }
+    branches = max(terms["DR(Hr)"] + terms["dL"], terms["DT(Ht)"] + terms["dpub"])
+    terms["tau"] = terms["lambda_DA"] - branches
+    terms["F"] = terms["DR(Hr)"] - terms["DR(H)"]
+    terms["O"] = terms["DT(H)"] + terms["dpub_co"]
+    terms["da_over_co"] = terms["lambda_DA"] / terms["lambda_co"]
+    return terms
+
+
+def bench(workload: str, hosts: int, steps: int) -> dict:
+    base = COMMON + WORKLOADS[workload] + [f"hardware.hosts={hosts}"]
+    co = launch(base + ["placement=co"], steps)
+    result = {"workload": workload, "hosts": hosts, "splits": {}}
+    for split in valid_splits(hosts):
+        da = launch(base + ["placement=da", f"split={split}"], steps)
+        result["splits"][split] = eq4_terms(co, da)
+    return result
+
+
+def show(result: dict) -> None:
+    hosts = result["hosts"]
+    for split, t in result["splits"].items():
+        ht = round(split * hosts)
+        print(
+            f"[CPU, {result['workload']}-heavy, {hosts} local hosts] co {t['lambda_co']:.3f} s/step"
+            f" | da split={split} ({ht} trainer / {hosts - ht} rollout) {t['lambda_DA']:.3f} s/step"
+            f" (da/co {t['da_over_co']:.2f}x)",
+            flush=True,
+        )
+        print(
+            "  measured: "
+            f"DR(H) {t['DR(H)']:.3f}  DT(H) {t['DT(H)']:.3f}  dpub(co) {t['dpub_co']:.3f}  "
+            f"DR(Hr) {t['DR(Hr)']:.3f}  dL {t['dL']:.3f}  DT(Ht) {t['DT(Ht)']:.3f}  "
+            f"dpub {t['dpub']:.3f}  overlap share {t['overlap_share']:.2f}",
+            flush=True,
+        )
+        wins = t["O"] + t["A"] > t["F"] + t["dL"] + t["tau"]
+        print(
+            f"  derived:  F {t['F']:.3f}  O {t['O']:.3f}  A {t['A']:.3f} (0 by construction)  "
+            f"tau {t['tau']:.3f} (residual)  ->  O + A > F + dL + tau: {wins}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = []
+    for workload in args.workloads:
+        results.append(bench(workload, args.hosts, args.steps))
+        show(results[-1])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
