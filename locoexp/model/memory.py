@@ -31,8 +31,9 @@ accumulation, so the whole packed batch is live at once (the paper's note under 
 Rollout engine, one weight replica per TP group of `t` devices (the built-in jax engine is
 TP1: a replica per device):
   weights n*a/t + KV cache s*S*layers*2*ceil(K/t)*h*a, for s = ceil(capacity / (devices per
-  engine / t)) sequences per replica and S = P' + R slots, P' = P rounded up to
-  rollout.prompt_bucket_tokens; capacity 0 means all of the engine's requests at once. With
+  engine / t)) sequences per replica and S = P' + R slots, P' = the engine's padded prompt
+  length (the next power of two, at least rollout.prompt_bucket_tokens); capacity 0 means all
+  of the engine's requests at once. With
   t > K the KV heads are replicated, not split (ceil). Prefill attends densely, so one layer's
   scores s*(H/t)*P'*S float32 are live at once on top.
 Colocated (co, single_controller): the trainer's step also holds the engine's weight replica,
@@ -54,6 +55,7 @@ from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_block_parameters, count_parameters_by_formula
 from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.engine import prompt_bucket
 from locoexp.trainer.config import TrainerConfig
 
 GIB = 2**30
@@ -198,8 +200,7 @@ def estimate_engine_memory(
     requests = math.ceil(dataset.prompts_per_step * dataset.samples_per_prompt / engines)
     concurrent = min(rollout.capacity, requests) if rollout.capacity else requests
     per_replica = math.ceil(concurrent / replicas)
-    bucket = rollout.prompt_bucket_tokens
-    prompt = -(-dataset.max_prompt_tokens // bucket) * bucket
+    prompt = prompt_bucket(dataset.max_prompt_tokens, rollout.prompt_bucket_tokens)
     slots = prompt + dataset.max_new_tokens
     kv_per_token = model.num_layers * 2 * math.ceil(model.num_kv_heads / t) * model.head_dim * a
     return EngineMemory(

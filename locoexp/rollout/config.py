@@ -24,7 +24,7 @@ class RolloutConfig:
     # waves at 8 chips"). 0 = all requests of the host in one wave.
     capacity: int = 0
     tensor_parallel: int = 1  # TP degree per engine replica (Section 4.1: TP1 for small models)
-    # Prompt lengths are padded up to a multiple of this, so a run compiles few shapes.
+    # Prompts are padded to the next power of two, at least this long, so a run compiles few shapes.
     prompt_bucket_tokens: int = 16
     eval_temperature: float = 0.7  # held-out evaluation sampling (Table I3: T 0.7)
 

@@ -59,6 +59,13 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def prompt_bucket(length: int, smallest: int) -> int:
+    """Padded prompt length: the next power of two, at least `smallest`. Each bucket compiles
+    one program; GSM8K's 39-239-token prompts need 3 buckets instead of 13 multiples of 16,
+    which kept recompiling generation for the first steps of a run (experiments/LOG.md)."""
+    return max(smallest, 1 << max(0, (length - 1).bit_length()))
+
+
 class JaxEngine:
     """Generates completions with the current weights; `load_weights` publishes new ones."""
 
@@ -123,7 +130,7 @@ class JaxEngine:
         capacity = self.config.capacity or n
         rows = _round_up(min(capacity, n), self.num_devices)
         waves = -(-n // rows)
-        prompt_len = _round_up(max(len(p) for p in prompts), self.config.prompt_bucket_tokens)
+        prompt_len = prompt_bucket(max(len(p) for p in prompts), self.config.prompt_bucket_tokens)
         program = self._program(rows, prompt_len, max_new_tokens, sampling)
         outputs = []
         for wave in range(waves):
