@@ -178,6 +178,6 @@ def test_mode_is_offline_without_credentials_and_online_with_them(monkeypatch, t
     assert resolve_mode(None) == "online"
 
 
-def test_wandb_mode_from_the_environment_is_left_to_wandb(monkeypatch):
+def test_wandb_mode_from_the_environment_wins_over_credentials(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    assert resolve_mode(None) is None  # WANDB_MODE=offline from the fixture stands
+    assert resolve_mode(None) == "offline"  # WANDB_MODE=offline from the fixture stands

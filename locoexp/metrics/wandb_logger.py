@@ -135,12 +135,14 @@ def load_or_create_run_id(run_dir: Path) -> str:
     return run_id
 
 
-def resolve_mode(mode: WandbMode | None) -> str | None:
-    """`mode` if set; None (W&B reads WANDB_MODE) if that is set; else by local credentials."""
+def resolve_mode(mode: WandbMode | None) -> str:
+    """`mode` if set; else WANDB_MODE if set; else by local credentials. Always explicit: W&B's
+    process-wide settings are fixed by the first run of a process, so a later run that left the
+    mode to W&B would not see a WANDB_MODE set after that."""
     if mode is not None:
         return mode.value
     if os.environ.get(wandb.env.MODE):
-        return None
+        return os.environ[wandb.env.MODE]
     return WandbMode.online.value if has_wandb_credentials() else WandbMode.offline.value
 
 
