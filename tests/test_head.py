@@ -107,3 +107,38 @@ def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef
     flat_f, flat_p = jax.tree.leaves(grads_f), jax.tree.leaves(grads_p)
     for a, b in zip(flat_f, flat_p, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_parameters_train_with_bfloat16_gradients():
+    import jax.numpy as jnp  # noqa: F811
+
+    from locoexp.model.config import DType
+
+    config = ModelConfig(
+        vocab_size=32,
+        hidden_dim=16,
+        mlp_dim=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        param_dtype=DType.bfloat16,
+    )
+    graphdef, params = nnx.split(build_model(config, seed=0), nnx.Param)
+    batch = _batch(k_pad=28)
+    spec = HeadLossSpec(
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        kl_coef=0.0,
+        tis_cap=2.0,
+        aggregation=LossAggregation.token_mean,
+        temperature=1.0,
+        chunk=8,
+    )
+
+    def fused(p):
+        model = nnx.merge(graphdef, p)
+        return head_loss(spec, loss_position_hidden(model, batch), head_weight(model), batch)[0]
+
+    grads = jax.grad(fused)(params)
+    assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
+    assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in jax.tree.leaves(grads))

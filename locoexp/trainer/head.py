@@ -119,7 +119,8 @@ def _head_loss_fwd(spec, hidden, weight, batch):
 def _head_loss_bwd(spec, residuals, cotangents):
     dh, dweight = residuals
     scale = cotangents[0]  # metrics are auxiliary outputs: their cotangents are not used
-    return scale * dh, scale * dweight, None
+    # cotangents keep their primals' dtypes (bfloat16 params: a float32 scale must not promote)
+    return (scale * dh).astype(dh.dtype), (scale * dweight).astype(dweight.dtype), None
 
 
 head_loss.defvjp(_head_loss_fwd, _head_loss_bwd)
