@@ -2,6 +2,7 @@
 one-step staleness, importance weights, every batch trained exactly once, per-side timings,
 and no process left behind after a run or a failure."""
 
+import contextlib
 import json
 import threading
 import time
@@ -144,7 +145,7 @@ def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
     """Two trainer hosts (their own jax.distributed group) and two rollout hosts; one rollout
     actor's process is killed after the first step is exported."""
     config = _compose(
-        [*TINY, "split=0.5", "hardware.hosts=4", "steps=200", "dataset.prompts_per_step=4",
+        [*TINY, "split=0.5", "hardware.hosts=4", "steps=5000", "dataset.prompts_per_step=4",
          "dataset.samples_per_prompt=2"]
     )  # fmt: skip
     before = ray_processes()
@@ -155,11 +156,14 @@ def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
             time.sleep(0.2)
-        for process in psutil.process_iter(["cmdline"]):
-            if " ".join(process.info["cmdline"] or []).startswith("ray::RolloutHost"):
-                process.kill()
-                killed.append(process.pid)
-                return
+        while time.monotonic() < deadline:  # the run is long enough not to end before this
+            for process in psutil.process_iter(["cmdline"]):
+                if " ".join(process.info["cmdline"] or []).startswith("ray::RolloutHost"):
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+                        killed.append(process.pid)
+                        return
+            time.sleep(0.2)
 
     killer = threading.Thread(target=kill_a_rollout_host, daemon=True)
     killer.start()
