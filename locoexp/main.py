@@ -23,9 +23,8 @@ from locoexp.dataset.build import build_task
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
-from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
-from locoexp.metrics.record import MetricsFile, Progress, format_summary
-from locoexp.metrics.wandb_logger import build_logger
+from locoexp.metrics.cost import Checkpoint
+from locoexp.metrics.run_output import RunOutput
 from locoexp.model.checkpoint import load_model
 from locoexp.model.memory import Roles, check_fit, describe_plan
 from locoexp.placement.colocated import Colocated, LoopHooks, StepSettings, run_loop
@@ -145,45 +144,26 @@ def run_host(
     start_time = time.perf_counter()
     run_dir = Path(run_dir)
     hosts = HostGroup.current()
-    task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
-    require(
-        task.tokenizer.vocab_size <= config.model.vocab_size,
-        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-        f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
-        "whose vocabulary covers it (e.g. model=tiny_qwen).",
-    )
+    task = build_checked_task(config)
     schedule = build_schedule(config, len(task.train))
     runner = build_runner(config, task, schedule, hosts)
 
-    logging_here = hosts.is_leader
-    if logging_here:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_file = MetricsFile(run_dir / "metrics.jsonl")
-        logger = build_logger(
-            config.logger,
-            run_dir=run_dir,
+    output = None
+    if hosts.is_leader:
+        output = RunOutput(
+            run_dir,
+            logger=config.logger,
             resolved_config=resolved_config or {},
-            run_name=run_dir.resolve().name,
             sweep_name=sweep_name,
+            steps=config.steps,
+            progress=progress,
         )
-    bar = Progress(config.steps, enabled=progress and logging_here)
-    checkpoints: list[Checkpoint] = []
-
-    def export(record: dict) -> None:
-        metrics_file.write(record)
-        logger.log(record, step=record["step"])
-        bar.update(record)
 
     def on_eval(record: dict) -> None:
-        checkpoints.append(
-            Checkpoint(
-                step=record["step"],
-                elapsed_s=record["time/elapsed_s"],
-                score=record["eval/accuracy"],
-            )
+        checkpoint = Checkpoint(
+            step=record["step"], elapsed_s=record["time/elapsed_s"], score=record["eval/accuracy"]
         )
-        metrics_file.write(record)
-        logger.log(record, step=record["step"])
+        output.on_eval(checkpoint, seconds=record["eval/seconds"])
 
     try:
         summary = run_loop(
@@ -192,32 +172,33 @@ def run_host(
             eval_every_steps=config.eval_every_steps,
             eval_at_updates=config.eval_at_updates,
             eval_limit=config.dataset.eval_size,
-            hooks=LoopHooks(export=export, on_eval=on_eval),
+            hooks=LoopHooks(export=output.export if output else None, on_eval=on_eval),
             start_time=start_time,
         )
-        if not logging_here:
+        if output is None:
             return summary
-        cost = compute_cost_to_learn(
-            checkpoints,
+        return output.finish(
+            summary,
             target=config.eval_target,
             chips=config.hardware.chips,
             chip_hour_price_usd=config.hardware.chip_hour_price_usd,
+            wall_s=time.perf_counter() - start_time,
         )
-        summary = {
-            **summary,
-            "eval_accuracy": checkpoints[-1].score,
-            **cost.as_metrics(),
-            "wall_s": time.perf_counter() - start_time,
-        }
-        logger.summary(summary)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     finally:
-        bar.close()
-        if logging_here:
-            metrics_file.close()
-            logger.finish()
-    print(format_summary(summary), flush=True)
-    return summary
+        if output is not None:
+            output.close()
+
+
+def build_checked_task(config: Config):
+    """The run's task, refused when the model's vocabulary does not cover its tokenizer."""
+    task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
+    require(
+        task.tokenizer.vocab_size <= config.model.vocab_size,
+        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
+        f"{task.tokenizer.vocab_size} tokens of dataset={config.dataset.kind.value}; pick a model "
+        "whose vocabulary covers it (e.g. model=tiny_qwen).",
+    )
+    return task
 
 
 def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGroup) -> Colocated:

@@ -32,8 +32,10 @@ from locoexp.trainer.trainer import Trainer
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed (see 'vLLM backend' in README.md for the vLLM virtualenv)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed (see 'vLLM backend' in README.md for its virtualenv)",
+    ),
 ]
 
 # fp32 on both sides; vLLM-CPU (oneDNN GEMMs, its own attention kernel) and XLA sum in different

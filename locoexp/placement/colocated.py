@@ -22,6 +22,7 @@ import numpy as np
 from locoexp.algo.config import AdvantageKind
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
+from locoexp.metrics.run_output import summarize_steps
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement import phases
 from locoexp.placement.config import OptConfig
@@ -236,7 +237,7 @@ def run_loop(
         if runner.settings.opt.freeze_gc:
             gc.enable()
             gc.unfreeze()
-    return _summary(records)
+    return summarize_steps(records)
 
 
 def _host_share(record: dict) -> float:
@@ -244,13 +245,3 @@ def _host_share(record: dict) -> float:
     approximated by the phases that are pure host work plus the unaccounted remainder."""
     host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
     return (host + record.get("timing/unaccounted_s", 0.0)) / record["timing/step_s"]
-
-
-def _summary(records: list[dict]) -> dict[str, float]:
-    first, last = records[: min(5, len(records))], records[-min(5, len(records)) :]
-    return {
-        "steps": len(records),
-        "reward_first5": float(np.mean([r["rollout/reward_mean"] for r in first])),
-        "reward_last5": float(np.mean([r["rollout/reward_mean"] for r in last])),
-        "step_s_median": float(np.median([r["timing/step_s"] for r in records])),
-    }

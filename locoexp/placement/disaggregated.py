@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from locoexp.dataset.build import build_task
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
 from locoexp.metrics.cost import Checkpoint
+from locoexp.metrics.run_output import RunOutput
 from locoexp.metrics.timing import StepTimer
-from locoexp.placement.da_output import BatchLedger, RunOutput, summarize
+from locoexp.placement.da_output import BatchLedger, summarize
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.placement.ray_cluster import DaLayout, HostParts, Hosts, start_hosts, start_ray
 
@@ -57,12 +57,7 @@ def run_da(
         trainer_hosts=roles.trainer_hosts,
         rollout_hosts=roles.rollout_hosts,
     )
-    task = build_task(d, tokenizer_dir=config.model.checkpoint)
-    require(
-        task.tokenizer.vocab_size <= config.model.vocab_size,
-        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
-        f"{task.tokenizer.vocab_size} tokens of dataset={d.kind.value}.",
-    )
+    task = main.build_checked_task(config)
     parts = HostParts(
         model=config.model,
         rollout=config.rollout,

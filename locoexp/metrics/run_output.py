@@ -1,0 +1,96 @@
+"""What a run leaves behind, written by process 0 (or the Ray driver) in one format for every
+placement: `metrics.jsonl` (one line per step and per evaluation), the logger (W&B or none),
+the progress bar, and `summary.json` with cost-to-learn (Appendix I.1: chips x wall time to the
+first of two consecutive scored checkpoints that clear the target, evaluation excluded).
+
+It owns files and the logger only; it never starts processes or reads clocks of its own.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from locoexp.metrics.config import LoggerConfig
+from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
+from locoexp.metrics.record import MetricsFile, Progress, format_summary
+from locoexp.metrics.wandb_logger import build_logger
+
+
+class RunOutput:
+    """The run directory's records, the logger and the progress bar of one run."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        logger: LoggerConfig,
+        resolved_config: dict[str, Any],
+        sweep_name: str | None,
+        steps: int,
+        progress: bool,
+    ):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+        self.logger = build_logger(
+            logger,
+            run_dir=run_dir,
+            resolved_config=resolved_config,
+            run_name=run_dir.resolve().name,
+            sweep_name=sweep_name,
+        )
+        self.bar = Progress(steps, enabled=progress)
+        self.checkpoints: list[Checkpoint] = []
+
+    def export(self, record: dict) -> None:
+        self.metrics_file.write(record)
+        self.logger.log(record, step=record["step"])
+        self.bar.update(record)
+
+    def on_eval(self, checkpoint: Checkpoint, *, seconds: float) -> None:
+        self.checkpoints.append(checkpoint)
+        record = {
+            "step": checkpoint.step,
+            "eval/accuracy": checkpoint.score,
+            "eval/seconds": seconds,
+            "time/elapsed_s": checkpoint.elapsed_s,
+        }
+        self.metrics_file.write(record)
+        self.logger.log(record, step=record["step"])
+
+    def finish(
+        self, summary: dict, *, target: float, chips: int, chip_hour_price_usd: float, wall_s: float
+    ) -> dict[str, Any]:
+        """Add eval and cost to the summary, write `summary.json`, hand it to the logger."""
+        cost = compute_cost_to_learn(
+            self.checkpoints, target=target, chips=chips, chip_hour_price_usd=chip_hour_price_usd
+        )
+        summary = {
+            **summary,
+            "eval_accuracy": self.checkpoints[-1].score,
+            **cost.as_metrics(),
+            "wall_s": wall_s,
+        }
+        self.logger.summary(summary)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(format_summary(summary), flush=True)
+        return summary
+
+    def close(self) -> None:
+        self.bar.close()
+        self.metrics_file.close()
+        self.logger.finish()
+
+
+def summarize_steps(records: list[dict]) -> dict[str, float]:
+    """The summary keys every placement reports: steps, reward of the first and last 5 steps,
+    median step time."""
+    first, last = records[: min(5, len(records))], records[-min(5, len(records)) :]
+    return {
+        "steps": len(records),
+        "reward_first5": float(np.mean([r["rollout/reward_mean"] for r in first])),
+        "reward_last5": float(np.mean([r["rollout/reward_mean"] for r in last])),
+        "step_s_median": float(np.median([r["timing/step_s"] for r in records])),
+    }
