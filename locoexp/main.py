@@ -27,11 +27,12 @@ from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput
 from locoexp.model.checkpoint import load_model
 from locoexp.model.memory import Roles, check_fit, describe_plan
-from locoexp.placement.colocated import Colocated, LoopHooks, StepSettings, run_loop
+from locoexp.placement.colocated import Colocated, LoopHooks, run_loop
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.disaggregated import run_da
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
 from locoexp.placement.multihost import HostGroup
+from locoexp.placement.phases import StepSettings
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.engine import SamplingParams
 from locoexp.trainer.trainer import Trainer

@@ -43,8 +43,15 @@ class ModelConfig:
     checkpoint: str | None = None
 
     def __post_init__(self):
-        for key in ("vocab_size", "num_layers", "hidden_dim", "mlp_dim", "num_heads",
-                    "num_kv_heads", "head_dim"):
+        for key in (
+            "vocab_size",
+            "num_layers",
+            "hidden_dim",
+            "mlp_dim",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, key)
             require(value >= 1, f"model.{key}={value} is invalid: it must be a positive integer.")
         require(

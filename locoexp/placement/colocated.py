@@ -19,32 +19,15 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from locoexp.algo.config import AdvantageKind
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.metrics.run_output import summarize_steps
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement import phases
-from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import HostGroup, combine_host_metrics
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.placement.phases import StepSettings
+from locoexp.rollout.engine import JaxEngine
 from locoexp.trainer.trainer import Trainer
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepSettings:
-    """Plain values one step needs (built by main from the config groups)."""
-
-    group_size: int
-    max_new_tokens: int
-    row_tokens: int
-    loss_slot_multiple: int  # K per host is a multiple of this (head chunk x local devices)
-    sampling: SamplingParams
-    eval_sampling: SamplingParams
-    advantage: AdvantageKind
-    advantage_eps: float
-    opt: OptConfig
-    seed: int = 0
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -65,27 +48,17 @@ class Colocated:
     def step(self, step: int) -> dict[str, float]:
         """One synchronous step; returns this host's metrics (timings added by the caller)."""
         s, timer, host = self.settings, self.timer, self.hosts
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host.index)
-        with timer.phase("admission"):
-            admitted = phases.admit(
-                self.task,
-                self.schedule,
-                step,
-                host=host.index,
-                hosts=host.count,
-                group_size=s.group_size,
-                balance=s.opt.balance_prompts,
-            )
-        with timer.phase("generation"):
-            start = time.perf_counter()
-            rollout = phases.generate(
-                self.engine, admitted, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
-            )
-            generation_s = time.perf_counter() - start
-        with timer.phase("reward"):
-            scored = phases.score(
-                self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
-            )
+        part = phases.run_rollout(
+            self.task,
+            self.schedule,
+            self.engine,
+            step,
+            host=host.index,
+            hosts=host.count,
+            settings=s,
+            timer=timer,
+        )
+        admitted, rollout, scored = part.admitted, part.rollout, part.scored
         with timer.phase("pack"):
             slots = _round_up(len(admitted.requests) * s.max_new_tokens, s.loss_slot_multiple)
             batch = phases.pack(
@@ -107,8 +80,7 @@ class Colocated:
                 one_call=s.opt.publish_in_one_call,
             )
         return {
-            **phases.rollout_metrics(admitted, rollout, scored),
-            "rollout/decode_s_per_iteration": generation_s / max(rollout.decode_iterations, 1),
+            **part.metrics(),
             "train/rows": batch.rows,
             **train_metrics,
         }

@@ -7,6 +7,7 @@ N = B * G requests.
 """
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
 import jax
@@ -17,6 +18,8 @@ from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
+from locoexp.metrics.timing import StepTimer
+from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
 from locoexp.trainer.packing import PackedBatch, pack_sequences
@@ -35,6 +38,22 @@ class Admitted:
 class Scored:
     rewards: np.ndarray  # [B, G]
     advantages: np.ndarray  # [B, G]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepSettings:
+    """Plain values one step needs (built by main from the config groups)."""
+
+    group_size: int
+    max_new_tokens: int
+    row_tokens: int
+    loss_slot_multiple: int  # K per host is a multiple of this (head chunk x local devices)
+    sampling: SamplingParams
+    eval_sampling: SamplingParams
+    advantage: AdvantageKind
+    advantage_eps: float
+    opt: OptConfig
+    seed: int = 0
 
 
 def split_across_hosts(
@@ -95,6 +114,60 @@ def score(
     completions = [rollout.completion(n) for n in range(len(examples))]
     rewards = task.score(examples, completions).reshape(-1, admitted.group_size)
     return Scored(rewards=rewards, advantages=compute_group_advantages(rewards, advantage, eps))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostRollout:
+    """The rollout half of a step on one host: admission, generation, reward."""
+
+    admitted: Admitted
+    rollout: Rollout
+    scored: Scored
+    generation_s: float
+
+    def metrics(self) -> dict[str, float]:
+        """Equal-work fields, reward and seconds per decode iteration of this host's share."""
+        iterations = max(self.rollout.decode_iterations, 1)
+        return {
+            **rollout_metrics(self.admitted, self.rollout, self.scored),
+            "rollout/decode_s_per_iteration": self.generation_s / iterations,
+        }
+
+
+def run_rollout(
+    task: Task,
+    schedule: PromptSchedule,
+    engine: JaxEngine,
+    step: int,
+    *,
+    host: int,
+    hosts: int,
+    settings: StepSettings,
+    timer: StepTimer,
+) -> HostRollout:
+    """Admission, generation and reward of this host's share of batch `step`, each a timed
+    phase; the rollout side of every placement runs exactly this."""
+    s = settings
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host)
+    with timer.phase("admission"):
+        admitted = admit(
+            task,
+            schedule,
+            step,
+            host=host,
+            hosts=hosts,
+            group_size=s.group_size,
+            balance=s.opt.balance_prompts,
+        )
+    with timer.phase("generation"):
+        start = time.perf_counter()
+        rollout = generate(
+            engine, admitted, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+        )
+        generation_s = time.perf_counter() - start
+    with timer.phase("reward"):
+        scored = score(task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps)
+    return HostRollout(admitted=admitted, rollout=rollout, scored=scored, generation_s=generation_s)
 
 
 def pack(

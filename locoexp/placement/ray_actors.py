@@ -31,9 +31,9 @@ from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
 from locoexp.placement import phases
-from locoexp.placement.colocated import StepSettings
 from locoexp.placement.launch import free_port, initialize_distributed
 from locoexp.placement.multihost import HostGroup, replicate
+from locoexp.placement.phases import StepSettings
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import RolloutConfig
 from locoexp.trainer.config import TrainerConfig
@@ -92,33 +92,21 @@ class RolloutHost:
 
     def generate(self, step: int, published: list) -> tuple[dict, dict]:
         """Batch `step`'s share of this host -> (metrics, data); data goes to the trainer."""
-        s, timer, start = self.settings, self.timer, time.time()
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), self.index)
+        timer, start = self.timer, time.time()
         with timer.step():
             with timer.phase("load"):
                 self.load(published)
-            with timer.phase("admission"):
-                admitted = phases.admit(
-                    self.task,
-                    self.schedule,
-                    step,
-                    host=self.index,
-                    hosts=self.hosts,
-                    group_size=s.group_size,
-                    balance=s.opt.balance_prompts,
-                )
-            with timer.phase("generation"):
-                rollout = phases.generate(
-                    self.engine,
-                    admitted,
-                    key=key,
-                    max_new_tokens=s.max_new_tokens,
-                    sampling=s.sampling,
-                )
-            with timer.phase("reward"):
-                scored = phases.score(
-                    self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
-                )
+            part = phases.run_rollout(
+                self.task,
+                self.schedule,
+                self.engine,
+                step,
+                host=self.index,
+                hosts=self.hosts,
+                settings=self.settings,
+                timer=timer,
+            )
+        admitted, rollout, scored = part.admitted, part.rollout, part.scored
         times = timer.metrics()
         n = len(admitted.requests)
         data = {
@@ -132,9 +120,7 @@ class RolloutHost:
             "advantages": scored.advantages.reshape(-1).astype(np.float32),
         }
         metrics = {
-            **phases.rollout_metrics(admitted, rollout, scored),
-            "rollout/decode_s_per_iteration": times["timing/generation_s"]
-            / max(rollout.decode_iterations, 1),
+            **part.metrics(),
             "rollout/weight_version": self.version,
             **{k: v for k, v in times.items() if k != "timing/unaccounted_s"},
         }

@@ -15,7 +15,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.model.config import ModelConfig
-from locoexp.placement.colocated import StepSettings
+from locoexp.placement.phases import StepSettings
 from locoexp.placement.ray_actors import RolloutHost, TrainerHost
 from locoexp.rollout.config import RolloutConfig
 from locoexp.trainer.config import TrainerConfig

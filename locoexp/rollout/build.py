@@ -16,8 +16,15 @@ from locoexp.rollout.config import EngineKind, RolloutConfig
 from locoexp.rollout.engine import JaxEngine
 
 
-def build_engine(model: Transformer, config: RolloutConfig, *, eos_id: int, pad_id: int,
-                 devices: Sequence[jax.Device], max_sequence_tokens: int):
+def build_engine(
+    model: Transformer,
+    config: RolloutConfig,
+    *,
+    eos_id: int,
+    pad_id: int,
+    devices: Sequence[jax.Device],
+    max_sequence_tokens: int,
+):
     """The host's rollout engine, started from `model`'s current weights.
 
     `devices` are the host's local devices (the JAX engine shards rows over them; vLLM takes its
@@ -33,5 +40,11 @@ def build_engine(model: Transformer, config: RolloutConfig, *, eos_id: int, pad_
             platform = vllm_engine.platform_of(devices)
             vllm_engine.require_vllm(platform)
             vllm_engine.default_env(platform)
-            return vllm_engine.VllmEngine(model, config, eos_id=eos_id, pad_id=pad_id,
-                                          devices=devices, max_model_tokens=max_sequence_tokens)
+            return vllm_engine.VllmEngine(
+                model,
+                config,
+                eos_id=eos_id,
+                pad_id=pad_id,
+                devices=devices,
+                max_model_tokens=max_sequence_tokens,
+            )

@@ -49,18 +49,24 @@ _GIB = 1 << 30
 
 def check_architecture_supported(architecture: str, supported: set[str]) -> None:
     """Refuse, by name, a model architecture that the installed vLLM cannot run."""
-    require(architecture in supported,
-            f"rollout=vllm: the installed vLLM does not support the architecture {architecture} of "
-            "this model; use rollout=jax or a vLLM release that lists it.")
+    require(
+        architecture in supported,
+        f"rollout=vllm: the installed vLLM does not support the architecture {architecture} of "
+        "this model; use rollout=jax or a vLLM release that lists it.",
+    )
 
 
 def _platform_kwargs(config: RolloutConfig, platform: str) -> dict:
     """vLLM arguments that depend on the platform: data parallelism and the KV cache size."""
-    require(config.data_parallel == 1 or platform == "tpu",
-            f"rollout.data_parallel={config.data_parallel}: vLLM runs data-parallel replicas in "
-            "one process only on TPU; on GPU/CPU start one host process per replica and keep 1.")
-    require(platform != "cpu" or config.kv_cache_gib > 0,
-            "rollout.kv_cache_gib=0 on CPU: vLLM-CPU needs a fixed KV cache size, e.g. 1.0.")
+    require(
+        config.data_parallel == 1 or platform == "tpu",
+        f"rollout.data_parallel={config.data_parallel}: vLLM runs data-parallel replicas in "
+        "one process only on TPU; on GPU/CPU start one host process per replica and keep 1.",
+    )
+    require(
+        platform != "cpu" or config.kv_cache_gib > 0,
+        "rollout.kv_cache_gib=0 on CPU: vLLM-CPU needs a fixed KV cache size, e.g. 1.0.",
+    )
     kwargs = {"gpu_memory_utilization": config.memory_fraction}
     if config.data_parallel > 1:
         kwargs["data_parallel_size"] = config.data_parallel
@@ -72,9 +78,17 @@ def _platform_kwargs(config: RolloutConfig, platform: str) -> dict:
 class VllmEngine:
     """Generates completions with vLLM; `load_weights` publishes new weights in one call."""
 
-    def __init__(self, model: Transformer, config: RolloutConfig, *, eos_id: int, pad_id: int,
-                 devices: Sequence[jax.Device], max_model_tokens: int,
-                 checkpoint_dir: str | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        config: RolloutConfig,
+        *,
+        eos_id: int,
+        pad_id: int,
+        devices: Sequence[jax.Device],
+        max_model_tokens: int,
+        checkpoint_dir: str | None = None,
+    ):
         import vllm
         from vllm.model_executor.models import ModelRegistry
 
@@ -94,11 +108,17 @@ class VllmEngine:
         self.checkpoint_dir = str(directory)
         dtype = (config.dtype or model.config.param_dtype).value
         self.llm = vllm.LLM(
-            model=self.checkpoint_dir, skip_tokenizer_init=True, generation_config="vllm",
-            dtype=dtype, tensor_parallel_size=config.tensor_parallel,
-            max_num_seqs=config.capacity or 256, max_model_len=max_model_tokens,
-            enforce_eager=config.enforce_eager, logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION, seed=0,
+            model=self.checkpoint_dir,
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            dtype=dtype,
+            tensor_parallel_size=config.tensor_parallel,
+            max_num_seqs=config.capacity or 256,
+            max_model_len=max_model_tokens,
+            enforce_eager=config.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            seed=0,
             **platform_kwargs,
         )
         # phases.publish blocks on `engine.params`: publication here is synchronous, vLLM holds
@@ -130,15 +150,23 @@ class VllmEngine:
         """Hugging Face-named host arrays, gathered in one device_get (kernels as [out, in])."""
         flat = dict(nnx.to_flat_state(params))
         arrays = jax.device_get([flat[self._names[name][0]][...] for name in names])
-        return [(name, np.ascontiguousarray(a.T) if self._names[name][1] else a)
-                for name, a in zip(names, arrays, strict=True)]
+        return [
+            (name, np.ascontiguousarray(a.T) if self._names[name][1] else a)
+            for name, a in zip(names, arrays, strict=True)
+        ]
 
     def _publish(self, weights: list[tuple[str, np.ndarray]]) -> None:
         self.llm.collective_rpc("load_locoexp_weights", args=(weights,))
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
-    def generate(self, prompts: Sequence[np.ndarray], *, key: jax.Array, max_new_tokens: int,
-                 sampling: SamplingParams) -> Rollout:
+    def generate(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        key: jax.Array,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+    ) -> Rollout:
         """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens."""
         from vllm import TokensPrompt
 
@@ -161,20 +189,28 @@ class VllmEngine:
         capacity = self.config.capacity or n
         waves = [lengths[w : w + capacity].max() for w in range(0, n, capacity)]
         return Rollout(
-            tokens=tokens, logprobs=logprobs, lengths=lengths,
+            tokens=tokens,
+            logprobs=logprobs,
+            lengths=lengths,
             truncated=(lengths >= max_new_tokens) & (~ended_with_eos | sampling.ignore_eos),
-            decode_iterations=int(sum(waves)), waves=len(waves),
+            decode_iterations=int(sum(waves)),
+            waves=len(waves),
         )
 
     def _sampling_params(self, sampling: SamplingParams, max_new_tokens: int, seed: int):
         import vllm
 
         return vllm.SamplingParams(
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            max_tokens=max_new_tokens, ignore_eos=sampling.ignore_eos,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            max_tokens=max_new_tokens,
+            ignore_eos=sampling.ignore_eos,
             # No tokenizer in the engine: EOS is the task's, given explicitly.
             stop_token_ids=[] if sampling.ignore_eos else [self.eos_id],
-            logprobs=0, detokenize=False, seed=seed,
+            logprobs=0,
+            detokenize=False,
+            seed=seed,
         )
 
 

@@ -15,7 +15,11 @@ class TrainerConfig:
     row_tokens: int | None = None
 
     def __post_init__(self):
-        require(self.logit_chunk_tokens >= 1,
-                f"trainer.logit_chunk_tokens={self.logit_chunk_tokens} must be a positive integer.")
-        require(self.row_tokens is None or self.row_tokens >= 2,
-                f"trainer.row_tokens={self.row_tokens} must be >= 2 or null.")
+        require(
+            self.logit_chunk_tokens >= 1,
+            f"trainer.logit_chunk_tokens={self.logit_chunk_tokens} must be a positive integer.",
+        )
+        require(
+            self.row_tokens is None or self.row_tokens >= 2,
+            f"trainer.row_tokens={self.row_tokens} must be >= 2 or null.",
+        )
