@@ -101,19 +101,24 @@ def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in itertools.product(*choices)]
 
 
-def preflight(argv: list[str]) -> list[Config]:
-    """Compose and validate every job before Hydra starts, so bad input writes nothing."""
+def compose_configs(jobs: list[list[str]]) -> list[Config]:
+    """The typed config of `python run.py <overrides>` for each job (tests and tools use it)."""
     from pathlib import Path  # noqa: PLC0415
 
     from hydra import compose, initialize_config_dir  # noqa: PLC0415
 
-    with initialize_config_dir(
-        config_dir=str(Path(__file__).parent / CONFIG_DIR), version_base="1.3"
-    ):
-        configs = [
-            to_config(compose(config_name="config", overrides=overrides))
-            for overrides in _sweep_combinations(_job_overrides(argv))
-        ]
+    config_dir = str(Path(__file__).resolve().parent / CONFIG_DIR)
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return [to_config(compose(config_name="config", overrides=list(o))) for o in jobs]
+
+
+def compose_config(overrides: list[str] = ()) -> Config:
+    return compose_configs([list(overrides)])[0]
+
+
+def preflight(argv: list[str]) -> list[Config]:
+    """Compose and validate every job before Hydra starts, so bad input writes nothing."""
+    configs = compose_configs(_sweep_combinations(_job_overrides(argv)))
     from locoexp.main import check_run  # noqa: PLC0415  (jax loads only once the config is valid)
 
     for config in configs:

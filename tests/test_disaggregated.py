@@ -13,7 +13,6 @@ import numpy as np
 import psutil
 import pytest
 import ray
-from hydra import compose, initialize_config_dir
 
 import run as run_module  # registers the config schema (conftest puts the repo on the path)
 from locoexp.algo.grpo import per_token_loss
@@ -74,8 +73,7 @@ def runs(tmp_path_factory):
 
 
 def _compose(overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return run_module.to_config(compose(config_name="config", overrides=list(overrides)))
+    return run_module.compose_config(list(overrides))
 
 
 def _steps(run_dir):

@@ -5,10 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-import run  # noqa: F401  (registers `config_schema` in Hydra's ConfigStore)
+import run as run_module  # registers `config_schema` in Hydra's ConfigStore
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
 
@@ -31,8 +29,7 @@ STEP_KEYS = {
 
 
 def test_two_step_pulse_writes_metrics_and_summary(tmp_path):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        config = OmegaConf.to_object(compose(config_name="config", overrides=["steps=2"]))
+    config = run_module.compose_config(["steps=2"])
     summary = run_grpo(config, run_dir=tmp_path, progress=False)
 
     records = read_metrics_jsonl(tmp_path / "metrics.jsonl")

@@ -20,7 +20,6 @@ CPU figures from processes sharing this machine's cores; they are not TPU figure
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +27,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import run as run_module  # noqa: E402  (registers the config schema)
+from bench_placements import launch  # noqa: E402  (this folder; registers the schema)
+
 from locoexp.config import valid_splits  # noqa: E402
-from locoexp.main import run  # noqa: E402
-from locoexp.metrics.run_records import read_metrics_jsonl  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "gsm8k"
 COMMON = ["logger=none", "eval_every_steps=0", "dataset.prompts_per_step=12"]
@@ -64,23 +62,6 @@ WORKLOADS = {
         "rollout.ignore_eos=true",
     ],
 }
-WARMUP_STEPS = 2
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose  # noqa: PLC0415
-    from hydra import initialize_config_dir  # noqa: PLC0415
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return run_module.to_config(hydra_compose(config_name="config", overrides=overrides))
-
-
-def launch(overrides: list[str], steps: int) -> list[dict]:
-    """One launch; its steady step records."""
-    with tempfile.TemporaryDirectory() as folder:
-        run(compose(overrides + [f"steps={steps}"]), run_dir=folder, progress=False)
-        records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
-    return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
 
 
 def median(records: list[dict], *keys: str) -> float:

@@ -55,18 +55,11 @@ LEVERS = {
 WARMUP_STEPS = 2
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose  # noqa: PLC0415
-    from hydra import initialize_config_dir  # noqa: PLC0415
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return run_module.to_config(hydra_compose(config_name="config", overrides=overrides))
-
-
 def launch(overrides: list[str], steps: int) -> list[dict]:
-    """One launch; its steady step records."""
+    """One launch of `python run.py <overrides> steps=<steps>`; its steady step records."""
     with tempfile.TemporaryDirectory() as folder:
-        run(compose(WORKLOAD + [f"steps={steps}"] + overrides), run_dir=folder, progress=False)
+        config = run_module.compose_config([*overrides, f"steps={steps}"])
+        run(config, run_dir=folder, progress=False)
         records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
     return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
 
@@ -79,7 +72,7 @@ def compare_placements(hosts: int, launches: int, steps: int) -> dict:
     arms = {"co": [], "single_controller": []}
     for _ in range(launches):
         for arm in arms:
-            arms[arm] += launch([f"placement={arm}", f"hardware.hosts={hosts}"], steps)
+            arms[arm] += launch([*WORKLOAD, f"placement={arm}", f"hardware.hosts={hosts}"], steps)
     co, sc = arms["co"], arms["single_controller"]
     per_step = bootstrap_ratio([r["timing/step_s"] for r in sc], [r["timing/step_s"] for r in co])
     per_token = bootstrap_ratio(
@@ -117,7 +110,8 @@ def lever_effects(hosts: int, launches: int, steps: int) -> dict:
     for _ in range(launches):
         for arm, overrides in arms.items():
             times[arm] += [
-                r["timing/step_s"] for r in launch(overrides + [f"hardware.hosts={hosts}"], steps)
+                r["timing/step_s"]
+                for r in launch([*WORKLOAD, *overrides, f"hardware.hosts={hosts}"], steps)
             ]
     base = times["optimized"]
     return {

@@ -53,15 +53,24 @@ from locoexp.rollout.sampling import sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 W1_OVERRIDES = [
-    "model=tiny_qwen", "model.param_dtype=float32",
-    "dataset.max_prompt_tokens=64", "dataset.max_new_tokens=64",
-    "dataset.prompts_per_step=8", "dataset.samples_per_prompt=8",
-    "algo.learning_rate=1e-6", "algo.kl_coef=0.0",
-    "rollout.temperature=1.0", "rollout.ignore_eos=true",
+    "model=tiny_qwen",
+    "model.param_dtype=float32",
+    "dataset.max_prompt_tokens=64",
+    "dataset.max_new_tokens=64",
+    "dataset.prompts_per_step=8",
+    "dataset.samples_per_prompt=8",
+    "algo.learning_rate=1e-6",
+    "algo.kl_coef=0.0",
+    "rollout.temperature=1.0",
+    "rollout.ignore_eos=true",
 ]
 PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
-TARGETS = {"rollout_roofline_min": 0.70, "step_over_floor_max": 1.5, "first_step_s_max": 30.0,
-           "peak_rss_gb_max": 3.0}
+TARGETS = {
+    "rollout_roofline_min": 0.70,
+    "step_over_floor_max": 1.5,
+    "first_step_s_max": 30.0,
+    "peak_rss_gb_max": 3.0,
+}
 
 
 def process_age_s() -> float:
@@ -120,14 +129,26 @@ def rollout_flops(m: ModelConfig, *, sequences: int, prompt: int, new: int) -> d
     further tokens, attending over the cache filled so far)."""
     prefill = 2 * prompt * body_params(m) + 2 * head_params(m)
     prefill += sum(attention_flops(m, i + 1) for i in range(prompt))
-    decode = sum(2 * (body_params(m) + head_params(m)) + attention_flops(m, prompt + t + 1)
-                 for t in range(new - 1))
-    return {"prefill": sequences * prefill, "decode": sequences * decode,
-            "total": sequences * (prefill + decode)}
+    decode = sum(
+        2 * (body_params(m) + head_params(m)) + attention_flops(m, prompt + t + 1)
+        for t in range(new - 1)
+    )
+    return {
+        "prefill": sequences * prefill,
+        "decode": sequences * decode,
+        "total": sequences * (prefill + decode),
+    }
 
 
-def train_flops(m: ModelConfig, *, rows: int, row_tokens: int, sequence_tokens: int,
-                sequences: int, loss_slots: int) -> dict[str, float]:
+def train_flops(
+    m: ModelConfig,
+    *,
+    rows: int,
+    row_tokens: int,
+    sequence_tokens: int,
+    sequences: int,
+    loss_slots: int,
+) -> dict[str, float]:
     """3 x forward: body over R x L row tokens, causal attention within each packed sequence,
     output head on the K loss positions only (the trainer's chunked head)."""
     body = 2 * rows * row_tokens * body_params(m)
@@ -141,9 +162,11 @@ def train_flops(m: ModelConfig, *, rows: int, row_tokens: int, sequence_tokens: 
 
 def matmul_rates(repeats: int) -> list[dict]:
     """fp32 GFLOP/s of a few matmuls under XLA (jit) and NumPy, median of `repeats`."""
-    shapes = {"square 2048x2048x2048": (2048, 2048, 2048),
-              "decode head [64,256]x[256,151936]": (64, 256, 151_936),
-              "train head chunk [512,256]x[256,151936]": (512, 256, 151_936)}
+    shapes = {
+        "square 2048x2048x2048": (2048, 2048, 2048),
+        "decode head [64,256]x[256,151936]": (64, 256, 151_936),
+        "train head chunk [512,256]x[256,151936]": (512, 256, 151_936),
+    }
     rng = np.random.default_rng(0)
     dot = jax.jit(jnp.dot)
     results = []
@@ -151,12 +174,20 @@ def matmul_rates(repeats: int) -> list[dict]:
         a = rng.standard_normal((m, k), np.float32)
         b = rng.standard_normal((k, n), np.float32)
         a_dev, b_dev = jnp.asarray(a), jnp.asarray(b)
-        runs = {"xla": lambda a=a_dev, b=b_dev: dot(a, b).block_until_ready(),
-                "numpy": lambda a=a, b=b: a @ b}
+        runs = {
+            "xla": lambda a=a_dev, b=b_dev: dot(a, b).block_until_ready(),
+            "numpy": lambda a=a, b=b: a @ b,
+        }
         for backend, fn in runs.items():
             seconds = statistics.median(time_repeats(fn, repeats=repeats, warmup=2))
-            results.append({"matmul": name, "backend": backend, "seconds": seconds,
-                            "gflops": 2 * m * k * n / seconds / 1e9})
+            results.append(
+                {
+                    "matmul": name,
+                    "backend": backend,
+                    "seconds": seconds,
+                    "gflops": 2 * m * k * n / seconds / 1e9,
+                }
+            )
     return results
 
 
@@ -200,21 +231,23 @@ class RandomPromptTask:
 def compose_w1() -> Config:
     """The W1 config through Hydra, as `run.py` composes it (`import run` registers the schema)."""
     sys.path.insert(0, str(REPO))
-    from hydra import compose, initialize_config_dir  # noqa: PLC0415
-
     import run  # noqa: PLC0415
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return run.to_config(compose(config_name="config", overrides=W1_OVERRIDES))
+    return run.compose_config(W1_OVERRIDES)
 
 
 def build_w1_runner(config: Config) -> Colocated:
     """`locoexp.main.build_runner` (engine, trainer, step settings) with W1's random-prompt task."""
     d = config.dataset
-    task = RandomPromptTask(vocab_size=config.model.vocab_size, prompt_tokens=d.max_prompt_tokens,
-                            num_prompts=8 * d.prompts_per_step, seed=d.seed)
-    schedule = PromptSchedule(len(task.train), d.prompts_per_step, seed=d.seed,
-                              batches_per_pass=None, passes=1)
+    task = RandomPromptTask(
+        vocab_size=config.model.vocab_size,
+        prompt_tokens=d.max_prompt_tokens,
+        num_prompts=8 * d.prompts_per_step,
+        seed=d.seed,
+    )
+    schedule = PromptSchedule(
+        len(task.train), d.prompts_per_step, seed=d.seed, batches_per_pass=None, passes=1
+    )
     return build_runner(config, task, schedule, HostGroup.current())
 
 
@@ -232,8 +265,9 @@ def run_steps(runner: Colocated, steps: int) -> tuple[float, list[dict]]:
             metrics = runner.step(step)
         if step == 0:
             first_step_s = process_age_s()
-        records.append({"step": step, **metrics, **runner.timer.metrics(),
-                        "cpu_s": cpu_seconds() - cpu_start})
+        records.append(
+            {"step": step, **metrics, **runner.timer.metrics(), "cpu_s": cpu_seconds() - cpu_start}
+        )
     if runner.settings.opt.freeze_gc:
         gc.enable()
     return first_step_s, records
@@ -250,8 +284,14 @@ def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) 
     program = engine._program(n, p, new, sampling)  # the very program generate() runs
     tokens, lens = (jax.device_put(x) for x in engine._left_pad(prompts, p))
     key = jax.random.key(1)
-    out = {"program_s": statistics.median(time_repeats(
-        lambda: jax.block_until_ready(program(engine.params, tokens, lens, key)), repeats=repeats))}
+    out = {
+        "program_s": statistics.median(
+            time_repeats(
+                lambda: jax.block_until_ready(program(engine.params, tokens, lens, key)),
+                repeats=repeats,
+            )
+        )
+    }
 
     graphdef, params, slots = engine.graphdef, engine.params, p + new
     cache = init_cache(m, n, slots)
@@ -279,29 +319,46 @@ def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) 
         return model.logits(hidden[:, -1]), cache
 
     hidden = jax.random.normal(jax.random.key(2), (n, m.hidden_dim))
-    runs = {"decode_body_s": lambda: body_step(params, tok1, pos1, mask1, cache),
-            "decode_head_s": lambda: head(params, hidden),
-            "decode_head_sample_s": lambda: head_sample(params, hidden, key),
-            "prefill_s": lambda: prefill(params, tokens, cache)}
+    runs = {
+        "decode_body_s": lambda: body_step(params, tok1, pos1, mask1, cache),
+        "decode_head_s": lambda: head(params, hidden),
+        "decode_head_sample_s": lambda: head_sample(params, hidden, key),
+        "prefill_s": lambda: prefill(params, tokens, cache),
+    }
     for name, fn in runs.items():
-        out[name] = statistics.median(time_repeats(lambda fn=fn: jax.block_until_ready(fn()),
-                                                   repeats=5 * repeats, warmup=2))
+        out[name] = statistics.median(
+            time_repeats(lambda fn=fn: jax.block_until_ready(fn()), repeats=5 * repeats, warmup=2)
+        )
     return out
 
 
 def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
     """The train step alone on a real packed batch, its forward alone, and the body alone."""
     s, trainer = runner.settings, runner.trainer
-    admitted = phases.admit(runner.task, runner.schedule, 0, host=0, hosts=1,
-                            group_size=s.group_size, balance=False)
-    rollout = phases.generate(runner.engine, admitted, key=jax.random.key(3),
-                              max_new_tokens=s.max_new_tokens, sampling=s.sampling)
-    scored = phases.score(runner.task, admitted, rollout, advantage=s.advantage,
-                          eps=s.advantage_eps)
+    admitted = phases.admit(
+        runner.task, runner.schedule, 0, host=0, hosts=1, group_size=s.group_size, balance=False
+    )
+    rollout = phases.generate(
+        runner.engine,
+        admitted,
+        key=jax.random.key(3),
+        max_new_tokens=s.max_new_tokens,
+        sampling=s.sampling,
+    )
+    scored = phases.score(
+        runner.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
+    )
     slots = len(admitted.requests) * s.max_new_tokens
     slots = -(-slots // s.loss_slot_multiple) * s.loss_slot_multiple
-    batch = phases.pack(admitted, rollout, scored, row_tokens=s.row_tokens, rows_multiple=1,
-                        agree_rows=lambda rows: rows, loss_slots=slots)
+    batch = phases.pack(
+        admitted,
+        rollout,
+        scored,
+        row_tokens=s.row_tokens,
+        rows_multiple=1,
+        agree_rows=lambda rows: rows,
+        loss_slots=slots,
+    )
     placed = trainer.device_batch(batch)
     graphdef = trainer.graphdef
 
@@ -310,11 +367,17 @@ def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
         model = nnx.merge(graphdef, params)
         return model(b["tokens"], b["positions"], causal_segment_mask(b["segment_ids"]))[0]
 
-    runs = {"train_step_s": lambda: trainer.train_step(batch),
-            "forward_logprobs_s": lambda: trainer._logprobs(trainer.params, placed),
-            "forward_body_s": lambda: body_forward(trainer.params, placed)}
-    return {name: statistics.median(time_repeats(lambda fn=fn: jax.block_until_ready(fn()),
-                                                 repeats=repeats)) for name, fn in runs.items()}
+    runs = {
+        "train_step_s": lambda: trainer.train_step(batch),
+        "forward_logprobs_s": lambda: trainer._logprobs(trainer.params, placed),
+        "forward_body_s": lambda: body_forward(trainer.params, placed),
+    }
+    return {
+        name: statistics.median(
+            time_repeats(lambda fn=fn: jax.block_until_ready(fn()), repeats=repeats)
+        )
+        for name, fn in runs.items()
+    }
 
 
 # ---------------------------------------------------------------- report
@@ -325,14 +388,23 @@ def bench_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) ->
     s, results = runner.settings, []
 
     def once():
-        results.append(runner.engine.generate(prompts, key=jax.random.key(len(results)),
-                                              max_new_tokens=s.max_new_tokens, sampling=s.sampling))
+        results.append(
+            runner.engine.generate(
+                prompts,
+                key=jax.random.key(len(results)),
+                max_new_tokens=s.max_new_tokens,
+                sampling=s.sampling,
+            )
+        )
 
     seconds = statistics.median(time_repeats(once, repeats=repeats))
     rollout = results[-1]
     assert (rollout.lengths == s.max_new_tokens).all(), "ignore_eos must force every completion"
-    return {"seconds": seconds, "tokens": int(rollout.lengths.sum()),
-            "decode_iterations": rollout.decode_iterations}
+    return {
+        "seconds": seconds,
+        "tokens": int(rollout.lengths.sum()),
+        "decode_iterations": rollout.decode_iterations,
+    }
 
 
 def verdict(name: str, met: bool, detail: str) -> str:
@@ -347,8 +419,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     report: dict = {"cpus": os.cpu_count(), "load_start": os.getloadavg()}
-    print(f"W1 benchmark, CPU figures ({report['cpus']} CPUs, {jax.devices()[0].platform}, jax "
-          f"{jax.__version__}); {load_averages()}", flush=True)
+    print(
+        f"W1 benchmark, CPU figures ({report['cpus']} CPUs, {jax.devices()[0].platform}, jax "
+        f"{jax.__version__}); {load_averages()}",
+        flush=True,
+    )
 
     config = compose_w1()
     m, d = config.model, config.dataset
@@ -365,38 +440,59 @@ def main(argv: Sequence[str] | None = None) -> dict:
     r_flops = rollout_flops(m, sequences=n, prompt=d.max_prompt_tokens, new=d.max_new_tokens)
     steady = records[1:]
     rows = int(steady[-1]["train/rows"])
-    t_flops = train_flops(m, rows=rows, row_tokens=runner.settings.row_tokens,
-                          sequence_tokens=d.max_prompt_tokens + d.max_new_tokens, sequences=n,
-                          loss_slots=n * d.max_new_tokens)
+    t_flops = train_flops(
+        m,
+        rows=rows,
+        row_tokens=runner.settings.row_tokens,
+        sequence_tokens=d.max_prompt_tokens + d.max_new_tokens,
+        sequences=n,
+        loss_slots=n * d.max_new_tokens,
+    )
     rate = best["gflops"] * 1e9
     phase_s = {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES}
     step_s = statistics.median(r["timing/step_s"] for r in steady)
     floor_s = (r_flops["total"] + t_flops["total"]) / rate
     roofline = r_flops["total"] / rollout["seconds"] / rate
     report.update(
-        overrides=W1_OVERRIDES, matmul=rates, roofline_gflops=best["gflops"],
+        overrides=W1_OVERRIDES,
+        matmul=rates,
+        roofline_gflops=best["gflops"],
         roofline_source=f"{best['matmul']} ({best['backend']})",
-        rollout={**rollout, "tokens_per_s": rollout["tokens"] / rollout["seconds"],
-                 "s_per_decode_iteration": rollout["seconds"] / rollout["decode_iterations"],
-                 "flops": r_flops, "roofline_fraction": roofline},
-        step={"phases_s": phase_s, "step_s": step_s, "unaccounted_s":
-              statistics.median(r["timing/unaccounted_s"] for r in steady),
-              "rollout_flops": r_flops["total"], "train_flops": t_flops, "rows": rows,
-              "floor_s": floor_s, "step_over_floor": step_s / floor_s,
-              "cpu_s": statistics.median(r["cpu_s"] for r in steady),
-              "step_decode_s_per_iteration": statistics.median(
-                  r["rollout/decode_s_per_iteration"] for r in steady),
-              "reward_mean": [r["rollout/reward_mean"] for r in records],
-              "first_step_record": records[0]},
-        first_step_s=first_step_s, peak_rss_gb_run=rss_run,
+        rollout={
+            **rollout,
+            "tokens_per_s": rollout["tokens"] / rollout["seconds"],
+            "s_per_decode_iteration": rollout["seconds"] / rollout["decode_iterations"],
+            "flops": r_flops,
+            "roofline_fraction": roofline,
+        },
+        step={
+            "phases_s": phase_s,
+            "step_s": step_s,
+            "unaccounted_s": statistics.median(r["timing/unaccounted_s"] for r in steady),
+            "rollout_flops": r_flops["total"],
+            "train_flops": t_flops,
+            "rows": rows,
+            "floor_s": floor_s,
+            "step_over_floor": step_s / floor_s,
+            "cpu_s": statistics.median(r["cpu_s"] for r in steady),
+            "step_decode_s_per_iteration": statistics.median(
+                r["rollout/decode_s_per_iteration"] for r in steady
+            ),
+            "reward_mean": [r["rollout/reward_mean"] for r in records],
+            "first_step_record": records[0],
+        },
+        first_step_s=first_step_s,
+        peak_rss_gb_run=rss_run,
     )
     print_report(report, m)
     if not args.no_profile:
         report["profile"] = run_profile(runner, prompts, args.repeats, rate, m, r_flops, t_flops)
     report["peak_rss_gb_end"] = peak_rss_gb()
     report["load_end"] = os.getloadavg()
-    print(f"\n{load_averages()} (end); peak RSS at the end of the script "
-          f"{report['peak_rss_gb_end']:.2f} GB")
+    print(
+        f"\n{load_averages()} (end); peak RSS at the end of the script "
+        f"{report['peak_rss_gb_end']:.2f} GB"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
@@ -406,56 +502,102 @@ def main(argv: Sequence[str] | None = None) -> dict:
 def print_report(r: dict, m: ModelConfig) -> None:
     print("\n1. Matmul rate (fp32, median of timed repeats after warm-up):")
     for x in r["matmul"]:
-        print(f"  {x['matmul']:<42} {x['backend']:<6} {x['seconds'] * 1e3:9.2f} ms  "
-              f"{x['gflops']:8.1f} GFLOP/s")
-    print(f"  roofline denominator = best sustained rate: {r['roofline_gflops']:.1f} GFLOP/s "
-          f"({r['roofline_source']})")
+        print(
+            f"  {x['matmul']:<42} {x['backend']:<6} {x['seconds'] * 1e3:9.2f} ms  "
+            f"{x['gflops']:8.1f} GFLOP/s"
+        )
+    print(
+        f"  roofline denominator = best sustained rate: {r['roofline_gflops']:.1f} GFLOP/s "
+        f"({r['roofline_source']})"
+    )
     ro, st = r["rollout"], r["step"]
-    print(f"\n2. Rollout (JaxEngine.generate, 64 seqs x 64 prompt + 64 forced new tokens, T=1; "
-          f"body {body_params(m) / 1e6:.2f}M + head {head_params(m) / 1e6:.2f}M matmul params):")
-    print(f"  wall {ro['seconds']:.2f} s (median)  {ro['tokens_per_s']:.0f} new tokens/s  "
-          f"{ro['s_per_decode_iteration'] * 1e3:.1f} ms per decode iteration "
-          f"({ro['decode_iterations']} iterations, prefill included)")
+    print(
+        f"\n2. Rollout (JaxEngine.generate, 64 seqs x 64 prompt + 64 forced new tokens, T=1; "
+        f"body {body_params(m) / 1e6:.2f}M + head {head_params(m) / 1e6:.2f}M matmul params):"
+    )
+    print(
+        f"  wall {ro['seconds']:.2f} s (median)  {ro['tokens_per_s']:.0f} new tokens/s  "
+        f"{ro['s_per_decode_iteration'] * 1e3:.1f} ms per decode iteration "
+        f"({ro['decode_iterations']} iterations, prefill included)"
+    )
     rf, tf = ro["flops"], st["train_flops"]
-    print(f"  FLOPs {rf['total'] / 1e9:.1f} G (prefill {rf['prefill'] / 1e9:.1f} G, decode "
-          f"{rf['decode'] / 1e9:.1f} G) -> {rf['total'] / ro['seconds'] / 1e9:.1f} GFLOP/s = "
-          f"{ro['roofline_fraction']:.1%} of the roofline")
+    print(
+        f"  FLOPs {rf['total'] / 1e9:.1f} G (prefill {rf['prefill'] / 1e9:.1f} G, decode "
+        f"{rf['decode'] / 1e9:.1f} G) -> {rf['total'] / ro['seconds'] / 1e9:.1f} GFLOP/s = "
+        f"{ro['roofline_fraction']:.1%} of the roofline"
+    )
     steps = len(st["reward_mean"]) - 1
     print(f"\n3. GRPO step (Colocated.step, medians of {steps} steps after step 0):")
     for name, seconds in st["phases_s"].items():
         print(f"  {name:<12} {seconds:8.3f} s")
     print(f"  {'unaccounted':<12} {st['unaccounted_s']:8.3f} s")
-    print(f"  {'step':<12} {st['step_s']:8.3f} s (the step's own decode s/iteration: "
-          f"{st['step_decode_s_per_iteration'] * 1e3:.1f} ms)")
-    print(f"  CPU time of this process per step {st['cpu_s']:.1f} s = "
-          f"{st['cpu_s'] / st['step_s']:.2f} cores busy on average (of {r['cpus']}; less means "
-          "other processes took the rest)")
-    print(f"  compute floor = (rollout {st['rollout_flops'] / 1e9:.1f} G + train "
-          f"{tf['total'] / 1e9:.1f} G) / rate = {st['floor_s']:.2f} s; step / floor = "
-          f"{st['step_over_floor']:.2f}\n  train = 3 x forward: body over all {st['rows']} rows x "
-          f"L tokens {tf['forward_body'] / 1e9:.1f} G + output head on the K loss positions only "
-          f"{tf['forward_head'] / 1e9:.1f} G (what the trainer computes)")
+    print(
+        f"  {'step':<12} {st['step_s']:8.3f} s (the step's own decode s/iteration: "
+        f"{st['step_decode_s_per_iteration'] * 1e3:.1f} ms)"
+    )
+    print(
+        f"  CPU time of this process per step {st['cpu_s']:.1f} s = "
+        f"{st['cpu_s'] / st['step_s']:.2f} cores busy on average (of {r['cpus']}; less means "
+        "other processes took the rest)"
+    )
+    print(
+        f"  compute floor = (rollout {st['rollout_flops'] / 1e9:.1f} G + train "
+        f"{tf['total'] / 1e9:.1f} G) / rate = {st['floor_s']:.2f} s; step / floor = "
+        f"{st['step_over_floor']:.2f}\n  train = 3 x forward: body over all {st['rows']} rows x "
+        f"L tokens {tf['forward_body'] / 1e9:.1f} G + output head on the K loss positions only "
+        f"{tf['forward_head'] / 1e9:.1f} G (what the trainer computes)"
+    )
     print(f"  reward mean per step: {', '.join(f'{x:.3f}' for x in st['reward_mean'])}")
     step0, first = st["first_step_record"], r["first_step_s"]
-    print(f"\n4. Time to first step (process start -> end of step 0): {first:.1f} s = start-up "
-          f"(imports, config, model init) {first - step0['timing/step_s']:.1f} s + step 0 "
-          f"{step0['timing/step_s']:.1f} s (generation {step0['timing/generation_s']:.1f} s, "
-          f"train {step0['timing/train_s']:.1f} s, compiles included)")
+    print(
+        f"\n4. Time to first step (process start -> end of step 0): {first:.1f} s = start-up "
+        f"(imports, config, model init) {first - step0['timing/step_s']:.1f} s + step 0 "
+        f"{step0['timing/step_s']:.1f} s (generation {step0['timing/generation_s']:.1f} s, "
+        f"train {step0['timing/train_s']:.1f} s, compiles included)"
+    )
     print(f"  peak RSS after the W1 steps {r['peak_rss_gb_run']:.2f} GB")
     print("\n5. Verdicts (CPU figures):")
     fraction, ratio = ro["roofline_fraction"], st["step_over_floor"]
-    print(verdict("rollout >= 70% of matmul roofline", fraction >= TARGETS["rollout_roofline_min"],
-                  f"{fraction:.1%}"))
-    print(verdict("GRPO step <= 1.5 x compute floor", ratio <= TARGETS["step_over_floor_max"],
-                  f"{st['step_s']:.2f} s / {st['floor_s']:.2f} s = {ratio:.2f}x"))
-    print(verdict("time to first step <= 30 s", r["first_step_s"] <= TARGETS["first_step_s_max"],
-                  f"{r['first_step_s']:.1f} s"))
-    print(verdict("peak RSS <= 3 GB", r["peak_rss_gb_run"] <= TARGETS["peak_rss_gb_max"],
-                  f"{r['peak_rss_gb_run']:.2f} GB"), flush=True)
+    print(
+        verdict(
+            "rollout >= 70% of matmul roofline",
+            fraction >= TARGETS["rollout_roofline_min"],
+            f"{fraction:.1%}",
+        )
+    )
+    print(
+        verdict(
+            "GRPO step <= 1.5 x compute floor",
+            ratio <= TARGETS["step_over_floor_max"],
+            f"{st['step_s']:.2f} s / {st['floor_s']:.2f} s = {ratio:.2f}x",
+        )
+    )
+    print(
+        verdict(
+            "time to first step <= 30 s",
+            r["first_step_s"] <= TARGETS["first_step_s_max"],
+            f"{r['first_step_s']:.1f} s",
+        )
+    )
+    print(
+        verdict(
+            "peak RSS <= 3 GB",
+            r["peak_rss_gb_run"] <= TARGETS["peak_rss_gb_max"],
+            f"{r['peak_rss_gb_run']:.2f} GB",
+        ),
+        flush=True,
+    )
 
 
-def run_profile(runner: Colocated, prompts: list[np.ndarray], repeats: int, rate: float,
-                m: ModelConfig, r_flops: dict, t_flops: dict) -> dict:
+def run_profile(
+    runner: Colocated,
+    prompts: list[np.ndarray],
+    repeats: int,
+    rate: float,
+    m: ModelConfig,
+    r_flops: dict,
+    t_flops: dict,
+) -> dict:
     """Each part's time next to its floor (FLOPs / roofline rate)."""
     n, new = len(prompts), runner.settings.max_new_tokens
     ro = profile_rollout(runner, prompts, repeats)
@@ -469,13 +611,19 @@ def run_profile(runner: Colocated, prompts: list[np.ndarray], repeats: int, rate
         ("  decode: body, one token, 64 rows", ro["decode_body_s"], body_dec),
         ("  decode: head [64,256]x[256,V]", ro["decode_head_s"], head_dec),
         ("  decode: head + sampling", ro["decode_head_sample_s"], head_dec),
-        ("  decode: parts x (M-1) iterations",
-         (new - 1) * (ro["decode_body_s"] + ro["decode_head_sample_s"]), r_flops["decode"]),
+        (
+            "  decode: parts x (M-1) iterations",
+            (new - 1) * (ro["decode_body_s"] + ro["decode_head_sample_s"]),
+            r_flops["decode"],
+        ),
         ("train: step alone (fwd + bwd + AdamW)", tr["train_step_s"], t_flops["total"]),
         ("  forward (logprobs on K positions)", tr["forward_logprobs_s"], fwd),
         ("  forward body only (R x L tokens)", tr["forward_body_s"], t_flops["forward_body"]),
-        ("  forward head only (difference)", tr["forward_logprobs_s"] - tr["forward_body_s"],
-         t_flops["forward_head"]),
+        (
+            "  forward head only (difference)",
+            tr["forward_logprobs_s"] - tr["forward_body_s"],
+            t_flops["forward_head"],
+        ),
         ("  backward + AdamW (difference)", tr["train_step_s"] - tr["forward_logprobs_s"], 2 * fwd),
     ]
     print("\n6. Profile (each part alone, median; floor = its FLOPs / roofline rate):")
