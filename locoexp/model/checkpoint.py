@@ -7,7 +7,8 @@ truth; the checkpoint must match it), maps tensor names, transposes linear weigh
 stores [out, in]; NNX kernels are [in, out]) and casts to `model.param_dtype`. Saving writes the
 same format back, so transformers can load what locoexp trained.
 
-Weights go through `safetensors` only: never pickle, never a hub download.
+Weights go through `safetensors` only: never pickle, never a hub download (a Hub id is
+resolved from the local cache by `locoexp.model.hub`).
 """
 
 import json
@@ -22,6 +23,7 @@ from safetensors.numpy import save_file
 
 from locoexp.errors import ConfigError, require
 from locoexp.model.config import ModelConfig
+from locoexp.model.hub import resolve_checkpoint
 from locoexp.model.transformer import Transformer, build_model
 
 CONFIG_FILE = "config.json"
@@ -271,12 +273,8 @@ def save_checkpoint(
 
 
 def load_model(config: ModelConfig, *, seed: int) -> Transformer:
-    """Random init when `config.checkpoint` is None, else the weights of that directory."""
+    """Random init when `config.checkpoint` is None, else the weights of that directory or cached
+    Hub id (`locoexp.model.hub`)."""
     if config.checkpoint is None:
         return build_model(config, seed=seed)
-    if not pathlib.Path(config.checkpoint).is_dir():
-        raise ConfigError(
-            f"model.checkpoint={config.checkpoint} is not a directory: give a local Hugging Face "
-            "checkpoint directory (config.json + safetensors) or null for random init."
-        )
-    return load_checkpoint(config, config.checkpoint)
+    return load_checkpoint(config, str(resolve_checkpoint(config.checkpoint)))

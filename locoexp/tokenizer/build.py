@@ -13,11 +13,16 @@ class ChatTokenizer(Tokenizer, Protocol):
 
 
 def build_tokenizer(tokenizer_dir: str | None = None) -> ChatTokenizer:
-    """`tokenizer_dir` with tokenizer files -> that tokenizer (transformers, local files only);
-    None or a directory without them (a random-init run) -> the real Qwen3 tokenizer."""
+    """`tokenizer_dir` (a directory or a cached Hub id) with tokenizer files -> that tokenizer
+    (transformers, local files only); None or a directory without them (a random-init run) ->
+    the real Qwen3 tokenizer."""
+    from locoexp.model.hub import resolve_checkpoint
     from locoexp.tokenizer.hf import HFTokenizer, has_tokenizer_files
     from locoexp.tokenizer.qwen3 import Qwen3Tokenizer
 
-    if tokenizer_dir is not None and has_tokenizer_files(tokenizer_dir):
-        return HFTokenizer(tokenizer_dir)
+    if tokenizer_dir is None:
+        return Qwen3Tokenizer()
+    directory = resolve_checkpoint(tokenizer_dir)  # a directory or a Hub id in the local cache
+    if has_tokenizer_files(directory):
+        return HFTokenizer(directory)
     return Qwen3Tokenizer()

@@ -36,6 +36,11 @@ class HFTokenizer:
         pad = self._tok.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
 
+    @property
+    def hf(self):
+        """The underlying `transformers` tokenizer (to save it beside an exported policy)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
