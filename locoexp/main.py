@@ -100,13 +100,22 @@ def run(
     args = (config, str(run_dir), resolved_config, sweep_name, progress)
     if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
         code = launch_local_processes(
-            run_host, args, num_processes=processes, devices_per_process=devices
+            run_host,
+            args,
+            num_processes=processes,
+            devices_per_process=devices,
+            bind_address=config.hardware.listen_address(multi_machine=False),
         )
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
     if config.hardware.chip is not ChipKind.cpu and processes > 1:
-        initialize_distributed(coordinator=None, num_processes=processes, process_id=None)
+        initialize_distributed(
+            coordinator=None,
+            num_processes=processes,
+            process_id=None,
+            bind_address=config.hardware.listen_address(multi_machine=True),
+        )
     return run_host(*args)
 
 

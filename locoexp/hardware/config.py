@@ -7,9 +7,12 @@ as a TPU slice; nothing but the chips is simulated). TPU v7x slices (Section 3):
 
 import dataclasses
 import enum
+import ipaddress
 import os
 
-from locoexp.errors import require
+from locoexp.errors import ConfigError, require
+
+LOOPBACK = "127.0.0.1"
 
 
 class ChipKind(enum.Enum):
@@ -28,6 +31,12 @@ class HardwareConfig:
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
     # hardware=cpu: the launcher's coordinator address for jax.distributed.
     coordinator_port: int = 0  # 0 = pick a free port
+    # The interface the run's listening sockets bind to (the jax.distributed coordinator, the
+    # local Ray cluster's services). None: 127.0.0.1 for a run on this machine (hardware=cpu,
+    # placement.ray_address unset), all interfaces on a TPU slice or a joined Ray cluster, whose
+    # hosts reach each other over the network. Multi-machine runs name their cluster-network
+    # address here (README, "Security").
+    bind_address: str | None = None
 
     @property
     def devices_per_host(self) -> int:
@@ -36,6 +45,12 @@ class HardwareConfig:
     @property
     def chips(self) -> int:
         return self.hosts * self.chips_per_host
+
+    def listen_address(self, *, multi_machine: bool) -> str | None:
+        """`bind_address`, or its default: loopback unless the run spans machines."""
+        if self.bind_address is not None:
+            return self.bind_address
+        return None if multi_machine or self.chip is not ChipKind.cpu else LOOPBACK
 
     @property
     def devices(self) -> int:
@@ -62,6 +77,14 @@ class HardwareConfig:
             self.chip_hour_price_usd >= 0,
             f"hardware.chip_hour_price_usd={self.chip_hour_price_usd} must be >= 0.",
         )
+        if self.bind_address is not None:
+            try:
+                ipaddress.ip_address(self.bind_address)
+            except ValueError:
+                raise ConfigError(
+                    f"hardware.bind_address={self.bind_address} is not an IP address; give one "
+                    "such as 127.0.0.1, this machine's cluster-network address, or 0.0.0.0."
+                ) from None
         require(
             0 <= self.coordinator_port < 65536,
             f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].",

@@ -73,6 +73,7 @@ def run_da(
         devices_per_host=hw.devices_per_host,
         cpu_devices=hw.chip is ChipKind.cpu,
         ray_address=config.placement.ray_address,
+        bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
     )
     plan = LoopPlan(
         steps=config.steps,

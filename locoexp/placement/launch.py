@@ -3,9 +3,11 @@
 On a TPU slice the cluster starts one process per host and each initialises from the
 environment. With `hardware=cpu` this module plays the cluster: it spawns one process per host on
 this machine, each with its own CPU devices (`--xla_force_host_platform_device_count`) and gloo
-collectives, coordinator on 127.0.0.1. It is the same code path afterwards: nothing is simulated
-except the chips. Process 0 owns the run directory; if any process fails, the others are stopped
-(no orphans), and a process whose parent dies is killed by the kernel (PR_SET_PDEATHSIG).
+collectives, coordinator on 127.0.0.1 (`bind_address`: every socket of a local run listens on
+loopback only; see the README's security note). It is the same code path afterwards: nothing is
+simulated except the chips. Process 0 owns the run directory; if any process fails, the others
+are stopped (no orphans), and a process whose parent dies is killed by the kernel
+(PR_SET_PDEATHSIG).
 
 This module must not import jax at module level: the device count has to be set first.
 """
@@ -24,6 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+LOOPBACK = "127.0.0.1"
+# jax's Cloud TPU cluster detection puts process 0's coordinator on this port
+# (jax/_src/clusters/cloud_tpu_cluster.py, `coordinator_port`).
+JAX_TPU_COORDINATOR_PORT = 8482
 
 
 def configure_cpu_devices(count: int) -> None:
@@ -34,26 +40,44 @@ def configure_cpu_devices(count: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = LOOPBACK) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
+def host_port(host: str, port: int | str) -> str:
+    """`host:port`, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def initialize_distributed(
-    *, coordinator: str | None, num_processes: int, process_id: int | None
+    *,
+    coordinator: str | None,
+    num_processes: int,
+    process_id: int | None,
+    bind_address: str | None,
 ) -> None:
     """Join the run's `jax.distributed` group (gloo collectives on CPU). A no-op for one process
-    with no coordinator; with `coordinator=None` on TPU, JAX reads the slice's environment."""
+    with no coordinator; with `coordinator=None` on TPU, JAX reads the slice's environment.
+
+    `bind_address`: the interface process 0's coordinator listens on (None: all interfaces, JAX's
+    default); passed explicitly so that nothing of a local run listens beyond loopback."""
     import jax  # noqa: PLC0415  (after configure_cpu_devices)
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator is None:
-        if num_processes > 1:
-            jax.distributed.initialize()  # a TPU slice: the cluster's environment says who we are
+        if num_processes > 1:  # a TPU slice: the cluster's environment says who we are
+            bind = bind_address and host_port(bind_address, JAX_TPU_COORDINATOR_PORT)
+            jax.distributed.initialize(coordinator_bind_address=bind)
         return
+    port = coordinator.rsplit(":", 1)[1]
     jax.distributed.initialize(
-        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        coordinator_bind_address=bind_address and host_port(bind_address, port),
     )
 
 
@@ -70,12 +94,16 @@ def _process_main(
     num_processes: int,
     devices: int,
     coordinator: str,
+    bind_address: str,
 ) -> None:
     _die_with_parent()
     configure_cpu_devices(devices)
     if num_processes > 1:
         initialize_distributed(
-            coordinator=coordinator, num_processes=num_processes, process_id=process_id
+            coordinator=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            bind_address=bind_address,
         )
     else:
         import jax  # noqa: PLC0415
@@ -102,12 +130,13 @@ def launch_local_processes(
     *,
     num_processes: int,
     devices_per_process: int,
+    bind_address: str = LOOPBACK,
     poll_s: float = 0.2,
 ) -> int:
     """Run `target(*args)` in `num_processes` spawned processes; returns the first failing exit
-    code (and stops the rest), or 0 when all succeed."""
+    code (and stops the rest), or 0 when all succeed. The coordinator listens on `bind_address`."""
     context = multiprocessing.get_context("spawn")
-    coordinator = f"127.0.0.1:{free_port()}"
+    coordinator = host_port(bind_address, free_port(bind_address))
     processes = [
         context.Process(
             target=_process_main,
@@ -118,6 +147,7 @@ def launch_local_processes(
                 num_processes=num_processes,
                 devices=devices_per_process,
                 coordinator=coordinator,
+                bind_address=bind_address,
             ),
         )
         for p in range(num_processes)

@@ -31,7 +31,7 @@ from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
 from locoexp.placement import phases
-from locoexp.placement.launch import free_port, initialize_distributed
+from locoexp.placement.launch import free_port, host_port, initialize_distributed
 from locoexp.placement.multihost import HostGroup, replicate
 from locoexp.placement.phases import StepSettings
 from locoexp.rollout.build import build_engine
@@ -149,14 +149,17 @@ class TrainerHost:
         self.index, self.hosts = index, hosts
         self.timer = StepTimer()
 
-    def coordinator_address(self) -> str:
-        """Where the trainer group's coordinator listens (called on host 0 only)."""
-        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+    def coordinator_address(self, bind_address: str | None) -> str:
+        """Where the trainer group reaches its coordinator (called on host 0 only): this node's
+        address, and a port free on the interface the coordinator will bind to."""
+        node = ray.util.get_node_ip_address()
+        return host_port(node, free_port(bind_address or node))
 
     def join(
         self,
         coordinator: str,
         *,
+        bind_address: str | None,
         model: ModelConfig,
         algo: AlgoConfig,
         trainer: TrainerConfig,
@@ -168,6 +171,7 @@ class TrainerHost:
             coordinator=coordinator if self.hosts > 1 else None,
             num_processes=self.hosts,
             process_id=self.index,
+            bind_address=bind_address,
         )
         self.group = HostGroup.current()
         self.settings = settings

@@ -1,10 +1,18 @@
 """The Ray side of `placement=da`: start Ray (a local cluster on 127.0.0.1, or join one), place
 one actor per host in a placement group, form the trainer's `jax.distributed` group, and stop
 every actor. It owns actor lifetimes only; the step schedule is `disaggregated.py`'s.
+
+Loopback: Ray turns a node address of 127.0.0.1 into the machine's routable address (so its
+gcs_server, raylet, workers and autoscaler monitor listen on every interface) unless it treats
+the machine as a one-node cluster, which its `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` switch selects
+on any platform. A local cluster bound to loopback sets it, no dashboard is started, and every
+Ray service then listens on 127.0.0.1 only.
 """
 
 import dataclasses
+import ipaddress
 import logging
+import os
 from typing import Any
 
 import ray
@@ -30,6 +38,7 @@ class DaLayout:
     devices_per_host: int
     cpu_devices: bool  # hardware=cpu: each actor gets its devices through XLA_FLAGS
     ray_address: str | None  # None: a local cluster on 127.0.0.1
+    bind_address: str | None  # the interface listening sockets bind to; None: all
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,11 +75,24 @@ class Hosts:
 
 def start_ray(layout: DaLayout) -> None:
     options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True)
+    if layout.bind_address is not None:
+        options["_node_ip_address"] = layout.bind_address
     if layout.ray_address is None:
+        if layout.bind_address and ipaddress.ip_address(layout.bind_address).is_loopback:
+            _keep_ray_on_loopback()
         hosts = layout.trainer_hosts + layout.rollout_hosts
-        ray.init(address="local", num_cpus=hosts, _node_ip_address="127.0.0.1", **options)
+        ray.init(address="local", num_cpus=hosts, **options)
     else:
         ray.init(address=layout.ray_address, **options)
+
+
+def _keep_ray_on_loopback() -> None:
+    """Make Ray keep node address 127.0.0.1 (module docstring): the environment switch for the
+    processes Ray starts, and the constant this process read when it imported Ray."""
+    from ray._private import ray_constants  # noqa: PLC0415
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def start_hosts(hosts: Hosts, layout: DaLayout, parts: HostParts) -> None:
@@ -106,10 +128,11 @@ def start_hosts(hosts: Hosts, layout: DaLayout, parts: HostParts) -> None:
             settings=parts.settings,
         )
         hosts.rollouts.append(actor)
-    coordinator = ray.get(hosts.trainers[0].coordinator_address.remote())
+    coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(layout.bind_address))
     joined = [
         t.join.remote(
             coordinator,
+            bind_address=layout.bind_address,
             model=parts.model,
             algo=parts.algo,
             trainer=parts.trainer,
