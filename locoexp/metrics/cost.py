@@ -112,6 +112,21 @@ def _check_checkpoints(checkpoints: Sequence[Checkpoint]) -> None:
             )
 
 
+def resumed_elapsed_s(checkpoint_elapsed_s: float, dropped: Iterable[Mapping]) -> float:
+    """The Appendix I.1 clock at the start of a resumed attempt.
+
+    App. I.1 charges "chips x wall time from job start", start-up included and only queueing and
+    evaluation excluded. Applied to a run that died and resumed: the lost attempt's steps after
+    its last checkpoint held the chips and are redone, so their wall time counts (up to the last
+    record the lost attempt wrote: the seconds between that record and its death are unknown and
+    not counted); the time between the death and the restart is queueing and does not count; the
+    resumed attempt's own start-up counts. So the resumed clock starts from the lost attempt's
+    last recorded elapsed time, not from the checkpoint's.
+    """
+    recorded = [float(r["time/elapsed_s"]) for r in dropped if "time/elapsed_s" in r]
+    return max([checkpoint_elapsed_s, *recorded])
+
+
 def checkpoints_from_records(
     records: Iterable[Mapping], *, score_key: str = "eval/accuracy"
 ) -> list[Checkpoint]:

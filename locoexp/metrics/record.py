@@ -6,6 +6,7 @@ through `locoexp.metrics.wandb_logger`; this file is written whatever the logger
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,41 @@ class MetricsFile:
         self._file.close()
 
 
+def cut_back(path: Path, *, next_step: int) -> tuple[list[dict], list[dict]]:
+    """Keep the records of steps before `next_step` (a resumed run's checkpoint) and drop the rest,
+    so that every step appears once after the resumed run appends. Returns (kept, dropped).
+
+    The file is rewritten atomically (a complete copy, then a rename): a process killed here
+    leaves either the old file or the cut one. A torn last line (a process killed mid-write) is
+    dropped."""
+    if not path.exists():
+        return [], []
+    kept, dropped, lines = [], [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        (kept if record["step"] < next_step else dropped).append(record)
+        if record["step"] < next_step:
+            lines.append(line)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    os.replace(partial, path)
+    return kept, dropped
+
+
 class Progress:
     """A progress bar with step, reward and step time."""
 
-    def __init__(self, total: int, *, enabled: bool):
+    def __init__(self, total: int, *, enabled: bool, done: int = 0):
         self._bar = tqdm(
-            total=total, desc="grpo", unit="step", disable=not enabled, dynamic_ncols=True
+            total=total,
+            initial=done,
+            desc="grpo",
+            unit="step",
+            disable=not enabled,
+            dynamic_ncols=True,
         )
 
     def update(self, record: dict[str, Any]) -> None:

@@ -3,10 +3,15 @@ placement: `metrics.jsonl` (one line per step and per evaluation), the logger (W
 the progress bar, and `summary.json` with cost-to-learn (Appendix I.1: chips x wall time to the
 first of two consecutive scored checkpoints that clear the target, evaluation excluded).
 
+A resumed run (`resume_from=<the checkpoint's next step>`) cuts `metrics.jsonl` back to the
+checkpoint before appending, so every step appears once; its summary and cost-to-learn cover the
+whole run (the scored checkpoints of every attempt; App. I.1's clock: `cost.resumed_elapsed_s`).
+
 It owns files and the logger only; it never starts processes or reads clocks of its own.
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,7 @@ import numpy as np
 
 from locoexp.metrics.config import LoggerConfig
 from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
-from locoexp.metrics.record import MetricsFile, Progress, format_summary
+from locoexp.metrics.record import MetricsFile, Progress, cut_back, format_summary
 from locoexp.metrics.wandb_logger import build_logger
 
 
@@ -30,21 +35,32 @@ class RunOutput:
         sweep_name: str | None,
         steps: int,
         progress: bool,
+        resume_from: int | None = None,
+        scored: Sequence[Checkpoint] = (),
     ):
+        """`resume_from`: the next step of the checkpoint a resumed run continues from (None: a
+        new run); `scored`: that checkpoint's scored checkpoints."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+        path = run_dir / "metrics.jsonl"
+        kept, self.dropped = cut_back(path, next_step=resume_from) if resume_from else ([], [])
+        self.earlier_steps = [r for r in kept if "eval/accuracy" not in r]
+        self.step_records: list[dict] = []
+        self.metrics_file = MetricsFile(path)
+        logged = [r["step"] for r in kept + self.dropped]
         self.logger = build_logger(
             logger,
             run_dir=run_dir,
             resolved_config=resolved_config,
             run_name=run_dir.resolve().name,
             sweep_name=sweep_name,
+            logged_through_step=max(logged) if logged else None,
         )
-        self.bar = Progress(steps, enabled=progress)
-        self.checkpoints: list[Checkpoint] = []
+        self.bar = Progress(steps, enabled=progress, done=resume_from or 0)
+        self.checkpoints: list[Checkpoint] = list(scored)
 
     def export(self, record: dict) -> None:
+        self.step_records.append(record)
         self.metrics_file.write(record)
         self.logger.log(record, step=record["step"])
         self.bar.update(record)
@@ -63,7 +79,10 @@ class RunOutput:
     def finish(
         self, summary: dict, *, target: float, chips: int, chip_hour_price_usd: float, wall_s: float
     ) -> dict[str, Any]:
-        """Add eval and cost to the summary, write `summary.json`, hand it to the logger."""
+        """Add eval and cost to the summary, write `summary.json`, hand it to the logger. After a
+        resume the step keys of `summarize_steps` are recomputed over every attempt's steps."""
+        if self.earlier_steps:
+            summary = {**summary, **summarize_steps(self.earlier_steps + self.step_records)}
         cost = compute_cost_to_learn(
             self.checkpoints, target=target, chips=chips, chip_hour_price_usd=chip_hour_price_usd
         )

@@ -4,7 +4,11 @@
 (`<run_dir>/wandb/`), carries the resolved config, and plots every key against the global step
 (`step`, declared with `define_metric`), so records logged out of order or after a restart still
 land on the right x. Its id is kept in `<run_dir>/wandb_run_id`: a restarted run (same run_dir)
-resumes the same W&B run (`resume="allow"`) instead of starting a duplicate.
+resumes the same W&B run (`resume="allow"`) instead of starting a duplicate, and continues its
+step axis: W&B history rows cannot be removed, so the steps the lost attempt already logged (after
+the checkpoint the run resumes from) are not logged again (`logged_through_step`). Those rows keep
+the lost attempt's values: the same losses and rewards under deterministic continuation, but that
+attempt's timings; metrics.jsonl holds the resumed attempt's.
 
 Mode: `logger.mode` when set; else `WANDB_MODE` from the environment when set; else online when W&B
 credentials are configured (WANDB_API_KEY, an identity token file, or a netrc entry for the W&B
@@ -49,11 +53,13 @@ class NullLogger:
 class WandbLogger:
     """One W&B run; `log` writes a history row at global step `step`."""
 
-    def __init__(self, run: "wandb.Run"):
+    def __init__(self, run: "wandb.Run", *, logged_through_step: int | None = None):
         self.run = run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY)
         self._finished = False
+        # a resumed run: steps up to here are already in the W&B history (module docstring)
+        self.logged_through_step = -1 if logged_through_step is None else logged_through_step
 
     @property
     def run_id(self) -> str:
@@ -62,7 +68,8 @@ class WandbLogger:
     def log(self, record: dict[str, Any], step: int) -> None:
         # No `step=` argument: W&B's own `_step` must stay monotonic across a resumed run, and
         # eval records share their step with the step record; the x axis is the `step` key.
-        self.run.log({**record, STEP_KEY: int(step)})
+        if step > self.logged_through_step:
+            self.run.log({**record, STEP_KEY: int(step)})
 
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update(values)
@@ -80,11 +87,13 @@ def build_logger(
     resolved_config: dict[str, Any],
     run_name: str,
     sweep_name: str | None = None,
+    logged_through_step: int | None = None,
 ) -> NullLogger | WandbLogger:
     """The logger chosen by `config.kind`.
 
     `sweep_name`: the Hydra multirun's sweep directory name, so that one multirun is one W&B
     group; used when `config.group` is None, else the run's own name is its group.
+    `logged_through_step`: a resumed run's last step already in the W&B history, else None.
     """
     match config.kind:
         case LoggerKind.none:
@@ -97,7 +106,8 @@ def build_logger(
                     resolved_config=resolved_config,
                     run_name=run_name,
                     sweep_name=sweep_name,
-                )
+                ),
+                logged_through_step=logged_through_step,
             )
 
 
