@@ -10,6 +10,9 @@ with exit code 2 and no traceback, before Hydra creates the run directory.
 
 import dataclasses
 import itertools
+import os
+import shlex
+import signal
 import sys
 
 import hydra
@@ -19,6 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from locoexp.checkpoint.stop import RunStopped
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 
@@ -147,6 +151,22 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as error:  # raised after start-up checks that need data (files, vocab)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunStopped as stopped:  # SIGTERM/SIGINT: the last finished step is checkpointed
+        print(resume_line(stopped, hydra_cfg.runtime.output_dir), file=sys.stderr, flush=True)
+        # Everything is on disk (checkpoint, records, logger closed); the interpreter's teardown
+        # of the XLA client would take seconds more than the 5 s a stop may take.
+        sys.stdout.flush()
+        os._exit(stopped.exit_code)
+
+
+def resume_line(stopped, run_dir: str) -> str:
+    """One line: where the run stopped and the command that resumes it."""
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    command = shlex.join(["python", "run.py", *args, f"hydra.run.dir={run_dir}"])
+    return (
+        f"stopped after {stopped.next_step} steps ({signal.Signals(stopped.signal_number).name}); "
+        f"checkpoint in {run_dir}/checkpoints; resume with: {command}"
+    )
 
 
 def cli() -> None:

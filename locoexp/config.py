@@ -9,6 +9,7 @@ allocated or written.
 import dataclasses
 
 from locoexp.algo.config import AlgoConfig
+from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
 from locoexp.hardware.config import HardwareConfig
@@ -40,11 +41,22 @@ class Config:
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
+    # Training-state checkpoint period (orbax, under <run_dir>/checkpoints); 0 = only at the end
+    # and when the run is stopped by SIGTERM/SIGINT, which always checkpoint.
+    checkpoint_every_steps: int = 25
+    # A run directory that holds a checkpoint: auto = resume from it (else start at step 0),
+    # never = refuse it, must = refuse a run directory without one.
+    resume: ResumeMode = ResumeMode.auto
 
     def __post_init__(self):
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
+        )
+        require(
+            self.checkpoint_every_steps >= 0,
+            f"checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0 (0 = only at the "
+            "end and on SIGTERM/SIGINT).",
         )
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
         require(

@@ -18,16 +18,20 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from locoexp.checkpoint.session import RunSurvival
+from locoexp.checkpoint.state import config_digest, latest_saved_step
+from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped, StopSignals, stop_agreed
 from locoexp.config import Config
 from locoexp.dataset.build import build_task
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
-from locoexp.metrics.cost import Checkpoint
+from locoexp.metrics.cost import Checkpoint, resumed_elapsed_s
 from locoexp.metrics.run_output import RunOutput
 from locoexp.model.checkpoint import load_model
 from locoexp.model.memory import Roles, check_fit, describe_plan
-from locoexp.placement.colocated import Colocated, LoopHooks, run_loop
+from locoexp.placement import phases
+from locoexp.placement.colocated import Colocated, LoopClock, LoopHooks, run_loop
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.disaggregated import run_da
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
@@ -106,6 +110,8 @@ def run(
             devices_per_process=devices,
             bind_address=config.hardware.listen_address(multi_machine=False),
         )
+        if code in STOPPED_EXIT_CODES:  # every host checkpointed after a stop signal
+            raise RunStopped(latest_saved_step(run_dir) or 0, code - 128)
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -150,14 +156,63 @@ def run_host(
     sweep_name: str | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """This process's part of the run; every host calls it, process 0 writes the run directory."""
+    """This process's part of the run; every host calls it, process 0 writes the run directory.
+    A run directory with a checkpoint resumes from it (`resume`); a stop signal ends the run
+    after a checkpoint of the last finished step (`RunStopped`)."""
     start_time = time.perf_counter()
     run_dir = Path(run_dir)
     hosts = HostGroup.current()
-    task = build_checked_task(config)
-    schedule = build_schedule(config, len(task.train))
-    runner = build_runner(config, task, schedule, hosts)
+    with StopSignals() as signals:
+        survival = open_survival(config, run_dir)
+        if survival.completed:
+            survival.close()
+            return completed_summary(run_dir, steps=config.steps, leader=hosts.is_leader)
+        task = build_checked_task(config)
+        schedule = build_schedule(config, len(task.train))
+        runner = build_runner(config, task, schedule, hosts)
+        if survival.restored is not None:
+            runner.trainer.load_state(
+                survival.restore(runner.trainer.state()), steps_done=survival.start_step
+            )
+            phases.publish(
+                runner.trainer.params,
+                runner.engine,
+                mesh=runner.trainer.mesh,
+                one_call=runner.settings.opt.publish_in_one_call,
+            )
+        try:
+            return _run_steps(
+                config,
+                run_dir,
+                runner,
+                survival,
+                signals,
+                hosts,
+                start_time,
+                task,
+                resolved_config=resolved_config,
+                sweep_name=sweep_name,
+                progress=progress,
+            )
+        finally:
+            survival.close()
 
+
+def _run_steps(
+    config,
+    run_dir,
+    runner,
+    survival,
+    signals,
+    hosts,
+    start_time,
+    task,
+    *,
+    resolved_config,
+    sweep_name,
+    progress,
+) -> dict[str, Any]:
+    restored = survival.restored
     output = None
     if hosts.is_leader:
         output = RunOutput(
@@ -167,14 +222,14 @@ def run_host(
             sweep_name=sweep_name,
             steps=config.steps,
             progress=progress,
+            resume_from=survival.start_step if restored else None,
+            scored=restored.scored if restored else (),
         )
-
-    def on_eval(record: dict) -> None:
-        checkpoint = Checkpoint(
-            step=record["step"], elapsed_s=record["time/elapsed_s"], score=record["eval/accuracy"]
-        )
-        output.on_eval(checkpoint, seconds=record["eval/seconds"])
-
+    offset = 0.0
+    if restored is not None:  # App. I.1's clock over the lost part, agreed from the leader's file
+        local = resumed_elapsed_s(restored.elapsed_s, output.dropped) if output else 0.0
+        offset = float(hosts.allgather(np.array([local]))[0, 0])
+    clock = LoopClock(start_time=start_time, offset_s=offset)  # eval: this attempt's
     try:
         summary = run_loop(
             runner,
@@ -182,21 +237,95 @@ def run_host(
             eval_every_steps=config.eval_every_steps,
             eval_at_updates=config.eval_at_updates,
             eval_limit=config.dataset.eval_size,
-            hooks=LoopHooks(export=output.export if output else None, on_eval=on_eval),
-            start_time=start_time,
+            hooks=survival_hooks(config, runner, survival, signals, output, task, offset=offset),
+            clock=clock,
+            start_step=survival.start_step,
         )
         if output is None:
             return summary
         return output.finish(
-            summary,
+            {**summary, "resume/attempts": 1 + (restored.attempts if restored else 0)},
             target=config.eval_target,
             chips=config.hardware.chips,
             chip_hour_price_usd=config.hardware.chip_hour_price_usd,
-            wall_s=time.perf_counter() - start_time,
+            wall_s=clock.elapsed_s() + clock.eval_total_s + earlier_eval_s(survival),
         )
     finally:
         if output is not None:
             output.close()
+
+
+def survival_hooks(config, runner, survival, signals, output, task, *, offset) -> LoopHooks:
+    """The loop's hooks: records and evaluations to the leader's output, stop agreement,
+    checkpoints (and exports of the policy at `eval_at_updates` and the end) on every host."""
+    hosts, trainer = runner.hosts, runner.trainer
+
+    def on_eval(record: dict) -> None:
+        checkpoint = Checkpoint(
+            step=record["step"], elapsed_s=record["time/elapsed_s"], score=record["eval/accuracy"]
+        )
+        output.on_eval(checkpoint, seconds=record["eval/seconds"])
+
+    def stop_requested(step: int) -> int | None:
+        return stop_agreed(
+            signals,
+            step=step,
+            allgather=hosts.allgather if hosts.count > 1 else None,
+            preemption_sync=config.hardware.chip is not ChipKind.cpu,
+        )
+
+    def checkpoint(updates: int, clock: LoopClock, stopping: bool) -> None:
+        survival.save(
+            trainer.state(),
+            updates=updates,
+            elapsed_s=clock.elapsed_s(),
+            eval_total_s=earlier_eval_s(survival) + clock.eval_total_s,
+            scored=list(output.checkpoints) if output else [],
+            resumed_at_s=offset,
+            wait=stopping or updates == config.steps,
+        )
+        if updates in survival.export_at or updates == config.steps:
+            final = None if updates == config.steps else updates
+            survival.export(
+                trainer.params, trainer.graphdef, config.model, task.tokenizer, updates=final
+            )
+
+    return LoopHooks(
+        export=output.export if output else None,
+        on_eval=on_eval,
+        stop_requested=stop_requested,
+        saves_after=lambda u: survival.saves_after(u) or u in survival.export_at,
+        checkpoint=checkpoint,
+    )
+
+
+def earlier_eval_s(survival: RunSurvival) -> float:
+    """Evaluation seconds of the attempts before this one (kept off the clock, App. I.1)."""
+    return survival.restored.eval_total_s if survival.restored else 0.0
+
+
+def open_survival(config: Config, run_dir: Path) -> RunSurvival:
+    return RunSurvival.open(
+        run_dir,
+        mode=config.resume,
+        every_steps=config.checkpoint_every_steps,
+        steps=config.steps,
+        seed=config.seed,
+        digest=config_digest(config_as_dict(config)),
+        export_at=frozenset(config.eval_at_updates),
+    )
+
+
+def completed_summary(run_dir: Path, *, steps: int, leader: bool) -> dict[str, Any]:
+    """A run started again after it finished: nothing is trained; its summary is returned."""
+    if leader:
+        print(
+            f"{run_dir} already holds all {steps} steps of this run (its final checkpoint); "
+            "nothing to train: raise steps= to continue it, or use a new hydra.run.dir.",
+            flush=True,
+        )
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def build_checked_task(config: Config):

@@ -18,6 +18,7 @@ loop does.
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ class RunCheckpoints:
 
     def __init__(self, run_dir: str | Path, *, max_to_keep: int = 2, async_save: bool = True):
         self.directory = Path(run_dir).resolve() / CHECKPOINT_DIR
+        # orbax reports every save phase at INFO through absl, which Hydra's root logger prints
+        logging.getLogger("absl").setLevel(logging.WARNING)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
         )
@@ -171,3 +174,12 @@ def _differing_keys(a: Any, b: Any, *, prefix: str) -> list[str]:
             out += _differing_keys(a.get(key), b.get(key), prefix=f"{prefix}{key}.")
         return out
     return [] if a == b else [prefix.rstrip(".")]
+
+
+def latest_saved_step(run_dir: str | Path) -> int | None:
+    """The newest complete checkpoint's step, from the directory names alone (no jax, no orbax
+    manager: the launcher's parent process uses it). Orbax renames a step directory to its bare
+    number only once it is complete."""
+    directory = Path(run_dir) / CHECKPOINT_DIR
+    steps = [int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir()]
+    return max(steps, default=None)

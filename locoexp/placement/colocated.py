@@ -19,6 +19,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from locoexp.checkpoint.stop import RunStopped
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.metrics.run_output import summarize_steps
@@ -129,10 +130,29 @@ def _round_up(value: int, multiple: int) -> int:
 
 @dataclasses.dataclass(kw_only=True)
 class LoopHooks:
-    """Where finished records go (process 0 only) and how evaluations are reported."""
+    """Where finished records go (process 0 only), how evaluations are reported, and what every
+    host runs after each step: `stop_requested(step)` (the agreed signal number, or None),
+    `saves_after(updates)` (a checkpoint is due) and `checkpoint(updates, clock, stopping)`."""
 
     export: Callable[[dict], None]
     on_eval: Callable[[dict], None]
+    stop_requested: Callable[[int], int | None] = lambda step: None
+    saves_after: Callable[[int], bool] = lambda updates: False
+    checkpoint: Callable[[int, "LoopClock", bool], None] | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoopClock:
+    """Appendix I.1's clock: wall time since job start, evaluation excluded. A resumed run starts
+    it at `offset_s` (`metrics.cost.resumed_elapsed_s`)."""
+
+    start_time: float
+    offset_s: float = 0.0
+    eval_total_s: float = 0.0
+
+    def elapsed_s(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        return self.offset_s + now - self.start_time - self.eval_total_s
 
 
 def run_loop(
@@ -143,14 +163,17 @@ def run_loop(
     eval_at_updates: list[int],
     eval_limit: int | None,
     hooks: LoopHooks,
-    start_time: float,
+    clock: LoopClock,
+    start_step: int = 0,
     warmup_steps: int = 1,
 ) -> dict[str, float]:
-    """Run `steps` steps with periodic evaluation; returns the summary (on every host).
+    """Run steps `start_step..steps-1` with periodic evaluation; returns the summary (on every
+    host), or raises `RunStopped` after a checkpoint when a stop signal arrives.
 
     Step t's metrics, timings included, cross hosts during step t+1 (in its log phase, or with
-    O1 on its row agreement) and process 0 exports them then; the last step's are flushed."""
-    eval_total_s, records, previous = 0.0, [], None
+    O1 on its row agreement) and process 0 exports them then; the last step's are flushed, and so
+    is any step a checkpoint ends on (its record must be written before the checkpoint)."""
+    records, previous = [], None
     o1 = runner.settings.opt.metrics_off_barrier
 
     def emit(per_host: list[dict] | None) -> None:
@@ -164,8 +187,8 @@ def run_loop(
             hooks.export(record)
 
     try:
-        for step in range(steps):
-            if step == warmup_steps and runner.settings.opt.freeze_gc:
+        for step in range(start_step, steps):
+            if step == start_step + warmup_steps and runner.settings.opt.freeze_gc:
                 gc.collect()
                 gc.freeze()  # O2: what warm-up allocated is never scanned again
                 gc.disable()
@@ -182,34 +205,48 @@ def run_loop(
                 "step": step,
                 **metrics,
                 **runner.timer.metrics(),
-                "time/elapsed_s": time.perf_counter() - start_time - eval_total_s,
+                "time/elapsed_s": clock.elapsed_s(),
             }
             updates = step + 1
-            if (
+            evaluates = (
                 (eval_every_steps and updates % eval_every_steps == 0)
                 or updates in eval_at_updates
                 or updates == steps
-            ):
+            )
+            stop = hooks.stop_requested(step)
+            saves = hooks.checkpoint is not None and (stop or hooks.saves_after(updates))
+            if evaluates or saves:
                 emit(runner.exchange_metrics(previous))
                 previous = None
-                eval_start = time.perf_counter()
-                accuracy = runner.evaluate(limit=eval_limit)
-                eval_s = time.perf_counter() - eval_start
-                eval_total_s += eval_s
-                if runner.hosts.is_leader:
-                    hooks.on_eval(
-                        {
-                            "step": step,
-                            "eval/accuracy": accuracy,
-                            "eval/seconds": eval_s,
-                            "time/elapsed_s": eval_start - start_time - (eval_total_s - eval_s),
-                        }
-                    )
+            if evaluates:
+                _evaluate(runner, step, hooks=hooks, clock=clock, limit=eval_limit)
+            if saves:
+                hooks.checkpoint(updates, clock, stop is not None)
+            if stop is not None:
+                raise RunStopped(updates, stop)
     finally:
         if runner.settings.opt.freeze_gc:
             gc.enable()
             gc.unfreeze()
     return summarize_steps(records)
+
+
+def _evaluate(runner: Colocated, step: int, *, hooks: LoopHooks, clock: LoopClock, limit) -> None:
+    """Held-out accuracy after step `step`; its wall time is kept off the clock."""
+    eval_start = time.perf_counter()
+    accuracy = runner.evaluate(limit=limit)
+    eval_s = time.perf_counter() - eval_start
+    elapsed = clock.elapsed_s(eval_start)
+    clock.eval_total_s += eval_s
+    if runner.hosts.is_leader:
+        hooks.on_eval(
+            {
+                "step": step,
+                "eval/accuracy": accuracy,
+                "eval/seconds": eval_s,
+                "time/elapsed_s": elapsed,
+            }
+        )
 
 
 def _host_share(record: dict) -> float:

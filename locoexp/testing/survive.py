@@ -47,10 +47,6 @@ def _batch(seed: int):
     )
 
 
-def _state(trainer: Trainer) -> dict:
-    return {"params": trainer.params, "opt_state": trainer.opt_state}
-
-
 def _write(out_dir: str, name: str, loss: float, trainer: Trainer) -> None:
     from locoexp.checkpoint.export import gather_to_host
 
@@ -65,7 +61,7 @@ def train_save_continue(out_dir: str, run_dir: str) -> None:
     trainer.train_step(_batch(0))
     checkpoints = RunCheckpoints(run_dir)
     progress = RunProgress(next_step=1, seed=0, elapsed_s=1.5, eval_total_s=0.0)
-    checkpoints.save(progress, _state(trainer))
+    checkpoints.save(progress, trainer.state())
     loss = trainer.train_step(_batch(1))["train/loss"]
     checkpoints.close()
     _write(out_dir, "uninterrupted", loss, trainer)
@@ -75,8 +71,8 @@ def restore_continue(out_dir: str, run_dir: str) -> None:
     """A fresh trainer restored from the latest checkpoint, then step 1."""
     trainer = _trainer()
     checkpoints = RunCheckpoints(run_dir)
-    progress, state = checkpoints.restore(checkpoints.latest_step(), _state(trainer))
-    trainer.params, trainer.opt_state = state["params"], state["opt_state"]
+    progress, state = checkpoints.restore(checkpoints.latest_step(), trainer.state())
+    trainer.load_state(state, steps_done=progress.next_step)
     loss = trainer.train_step(_batch(progress.next_step))["train/loss"]
     checkpoints.close()
     _write(out_dir, "resumed", loss, trainer)
