@@ -72,6 +72,11 @@ class Config:
                 "remove it or set placement=da.",
             )
         else:
+            require(
+                self.resume is not ResumeMode.must,
+                "resume=must with placement=da: da runs do not checkpoint yet (co and "
+                "single_controller do); use resume=auto or placement=co.",
+            )
             valid = valid_splits(hosts)
             shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
             require(

@@ -60,9 +60,16 @@ def _steps(run_dir: Path) -> list[dict]:
     return [r for r in _records(run_dir) if "eval/accuracy" not in r]
 
 
-def _wait_for_steps(run: subprocess.Popen, run_dir: Path, count: int) -> None:
+def _checkpointed(run_dir: Path) -> bool:
+    directory = run_dir / "checkpoints"
+    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
+def _wait_for_steps(
+    run: subprocess.Popen, run_dir: Path, count: int, *, checkpoint: bool = False
+) -> None:
     start = time.monotonic()
-    while len(_steps(run_dir)) < count:
+    while len(_steps(run_dir)) < count or (checkpoint and not _checkpointed(run_dir)):
         if run.poll() is not None:
             pytest.fail(f"the run ended before step {count}: {_finish(run)[-2000:]}")
         if time.monotonic() - start > DEADLINE_S:
@@ -92,7 +99,7 @@ def _kill_and_resume(tmp_path: Path, extra: list[str]) -> None:
     _run_through(reference, extra)
     kill_after = random.randint(3, STEPS - 2)  # steps logged when kill -9 lands
     run = _start(resumed, extra)
-    _wait_for_steps(run, resumed, kill_after)
+    _wait_for_steps(run, resumed, kill_after, checkpoint=True)
     os.killpg(run.pid, signal.SIGKILL)
     run.communicate()
     assert len(_steps(resumed)) < STEPS, "the run finished before the kill"

@@ -38,12 +38,14 @@ class RunOutput:
         resume_from: int | None = None,
         scored: Sequence[Checkpoint] = (),
     ):
-        """`resume_from`: the next step of the checkpoint a resumed run continues from (None: a
-        new run); `scored`: that checkpoint's scored checkpoints."""
+        """`resume_from`: the next step of the checkpoint a resumed run continues from (None or 0:
+        from the start); `scored`: that checkpoint's scored checkpoints."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
-        kept, self.dropped = cut_back(path, next_step=resume_from) if resume_from else ([], [])
+        # a run directory's earlier records after the checkpoint (all of them when the run starts
+        # over at step 0) are redone by this attempt
+        kept, self.dropped = cut_back(path, next_step=resume_from or 0)
         self.earlier_steps = [r for r in kept if "eval/accuracy" not in r]
         self.step_records: list[dict] = []
         self.metrics_file = MetricsFile(path)
