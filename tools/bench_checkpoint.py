@@ -48,6 +48,8 @@ def save(checkpoints: RunCheckpoints, runner, step: int, *, wait: bool) -> float
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=2, help="blocks of 10 steps per arm")
+    parser.add_argument("--block-steps", type=int, default=10, help="steps per block (period)")
+    parser.add_argument("--full-saves", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     runner = build_w1_runner(compose_w1())
@@ -55,15 +57,15 @@ def main(argv=None) -> dict:
     checkpoints = RunCheckpoints(directory, max_to_keep=2)
     try:
         timed_steps(runner, 0, 1)  # compiles
-        full = [save(checkpoints, runner, 100 + i, wait=True) for i in range(3)]
+        full = [save(checkpoints, runner, 100 + i, wait=True) for i in range(args.full_saves)]
         step, arms = 1, {"none": [], "every_10": []}
         blocking = []
         for block in range(2 * args.blocks):
             arm = "none" if block % 2 == 0 else "every_10"
             if arm == "every_10":
                 blocking.append(save(checkpoints, runner, 200 + block, wait=False))
-            arms[arm] += timed_steps(runner, step, 10)
-            step += 10
+            arms[arm] += timed_steps(runner, step, args.block_steps)
+            step += args.block_steps
         checkpoints.wait()
         result = {
             "save_full_s": statistics.median(full),
@@ -76,8 +78,11 @@ def main(argv=None) -> dict:
         }
         # per step of a 10-step period: the save's blocking part plus any slowdown of the steps
         result["overhead_per_step_s"] = (
-            result["step_s_every_10"] - result["step_s_none"] + result["save_blocking_s"] / 10
+            result["step_s_every_10"]
+            - result["step_s_none"]
+            + result["save_blocking_s"] / args.block_steps
         )
+        result["block_steps"] = args.block_steps
     finally:
         checkpoints.close()
         shutil.rmtree(directory, ignore_errors=True)
