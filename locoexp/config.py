@@ -33,6 +33,9 @@ class Config:
     # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
     split: float | None = None
     seed: int = 0  # model init and sampling
+    # Repeat index of an otherwise identical run (Appendix A: launches per arm). It changes no
+    # computation; a sweep over it (`launch: 0,1`) gives each repeat its own run directory.
+    launch: int = 0
     steps: int = 150  # optimizer updates (one per batch)
     eval_every_steps: int = 25  # held-out evaluation period; 0 = only after the last step
     # Scored checkpoints by update count, as Table I3's [275, 300, 325, 348]; added to the above.
@@ -43,6 +46,7 @@ class Config:
 
     def __post_init__(self):
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
+        require(self.launch >= 0, f"launch={self.launch} must be >= 0 (a repeat index).")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
         )
