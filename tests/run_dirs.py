@@ -35,17 +35,27 @@ def write_run(
     steps = len(step_s)
     cfg = {
         "placement": {"kind": placement},
-        "opt": {k: levers for k in ("metrics_off_barrier", "freeze_gc", "balance_prompts",
-                                     "publish_in_one_call")},
-        "hardware": {"hosts": hosts, "chips_per_host": chips_per_host, "chip_hour_price_usd": 0.0,
-                     "chips": hosts * chips_per_host},
+        "opt": {
+            k: levers
+            for k in ("metrics_off_barrier", "freeze_gc", "balance_prompts", "publish_in_one_call")
+        },
+        "hardware": {
+            "hosts": hosts,
+            "chips_per_host": chips_per_host,
+            "chip_hour_price_usd": 0.0,
+            "chips": hosts * chips_per_host,
+        },
         "dataset": {"kind": dataset, "batches_per_pass": steps // passes, "passes": passes},
         "model": {"name": "qwen3_0_6b"},
         "rollout": {"tensor_parallel": 1},
-        "split": split, "launch": launch, "seed": seed, "steps": steps,
-        "eval_target": eval_target, "eval_at_updates": sorted(evals or []),
+        "split": split,
+        "launch": launch,
+        "seed": seed,
+        "steps": steps,
+        "eval_target": eval_target,
+        "eval_at_updates": sorted(evals or []),
         **(config or {}),
-    }  # fmt: skip
+    }
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
     lines, elapsed = [], 60.0

@@ -36,9 +36,16 @@ def test_compare_reads_table3_gsm8k_64_chips_as_locojax_faster(tmp_path, capsys)
     arm(tmp_path / "sweep", "pathways", 6.75, placement="single_controller", levers=False, hosts=16)
     arm(tmp_path / "sweep", "optimized", 2.03, hosts=16)
     code = main(
-        ["compare", str(tmp_path / "sweep"), "--baseline", "placement.kind=single_controller",
-         "--ours", "placement.kind=co", "--json"]
-    )  # fmt: skip
+        [
+            "compare",
+            str(tmp_path / "sweep"),
+            "--baseline",
+            "placement.kind=single_controller",
+            "--ours",
+            "placement.kind=co",
+            "--json",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert code == 0
     assert result["rule"] == "stacks"
@@ -100,9 +107,16 @@ def test_eq4_gsm8k_128_chips_favours_disaggregation_by_about_ten_percent():
 
 def test_eq4_periods_follow_eq1_longest_paths():
     terms = accounting.Eq4Terms(
-        dr_h=1.0, dt_h=0.2, dpub_co=0.12, dr_hr=1.23, dt_ht=0.6, dpub=0.1, dl=0.49, a=0.58,
+        dr_h=1.0,
+        dt_h=0.2,
+        dpub_co=0.12,
+        dr_hr=1.23,
+        dt_ht=0.6,
+        dpub=0.1,
+        dl=0.49,
+        a=0.58,
         tau=0.03,
-    )  # fmt: skip
+    )
     assert terms.lambda_co == pytest.approx(1.32)  # serial chain
     assert terms.lambda_da == pytest.approx(max(1.23 + 0.49, 0.6 + 0.1) - 0.58 + 0.03)
     assert terms.fragmentation == pytest.approx(0.23)
@@ -111,12 +125,39 @@ def test_eq4_periods_follow_eq1_longest_paths():
 
 def test_accounting_command_prints_the_paper_tradeoffs():
     out = subprocess.run(
-        [sys.executable, "-m", "locoexp.analysis", "accounting",
-         "--o", "0.32", "--a", "0.58", "--f", "0.23", "--dl", "0.49", "--tau", "0.03",
-         "--eq2", "1.2e9", "3.32e12", "0.21", "0.68", "--decode-premium", "2.15", "0.90", "1800",
-         "--eq3", "1.0", "0.06"],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "locoexp.analysis",
+            "accounting",
+            "--o",
+            "0.32",
+            "--a",
+            "0.58",
+            "--f",
+            "0.23",
+            "--dl",
+            "0.49",
+            "--tau",
+            "0.03",
+            "--eq2",
+            "1.2e9",
+            "3.32e12",
+            "0.21",
+            "0.68",
+            "--decode-premium",
+            "2.15",
+            "0.90",
+            "1800",
+            "--eq3",
+            "1.0",
+            "0.06",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "favours da (da saves +0.150 s per step)" in out
     assert "bytes term 0.18 ms, saved 0.21 ms against 0.68 ms: TP1" in out  # trade-off 1, 0.6B
     assert "premium 1.25 ms/iteration = 2.25 s per step" in out  # trade-off 3
@@ -138,8 +179,10 @@ def test_ratio_model_reproduces_table_e3_gsm8k():
     assert [round(r, 2) for r in fit.loo_predictions] == [1.42, 1.77, 2.07, 2.44, 2.68, 2.69]
     assert [round(d, 2) for d in fit.deltas] == [4.47, 4.10, 4.10, 4.77, 3.99, 4.01]
     assert (round(fit.slope, 2), round(fit.slope_low, 2), round(fit.slope_high, 2)) == (
-        1.03, 0.89, 1.17,
-    )  # fmt: skip
+        1.03,
+        0.89,
+        1.17,
+    )
 
 
 def test_ratio_model_reproduces_table_e3_numinamath_with_32b_outside_the_fit():
@@ -150,8 +193,10 @@ def test_ratio_model_reproduces_table_e3_numinamath_with_32b_outside_the_fit():
     )
     assert [round(r, 2) for r in fit.loo_predictions] == [1.81, 1.47, 1.33, 1.29, 1.15]
     assert (round(fit.slope, 2), round(fit.slope_low, 2), round(fit.slope_high, 2)) == (
-        0.92, 0.83, 1.00,
-    )  # fmt: skip
+        0.92,
+        0.83,
+        1.00,
+    )
 
 
 def test_table_i2_statuses_against_the_bar():
@@ -171,10 +216,14 @@ def seeds(tmp_path, name, *, chips, scores, hours_at_275, seconds_per_update=10.
         step_s[0] += start - 60.0  # write_run starts the clock at 60 s
         runs.append(
             write_run(
-                tmp_path / f"{name}-{seed}", step_s, hosts=chips // 4, seed=seed, passes=6,
+                tmp_path / f"{name}-{seed}",
+                step_s,
+                hosts=chips // 4,
+                seed=seed,
+                passes=6,
                 evals=dict(zip((275, 300, 325, 348), scores, strict=True)),
             )
-        )  # fmt: skip
+        )
     total = sum(cost.build_cell(find_runs(runs), target=0.85).seed_chip_hours_at(275))
     assert total == pytest.approx(hours_at_275)
     return find_runs(runs)
@@ -182,10 +231,14 @@ def seeds(tmp_path, name, *, chips, scores, hours_at_275, seconds_per_update=10.
 
 def test_cost_reproduces_table_i2_4_chips(tmp_path):
     # Table I2: LoCoJAX base 23.326 chip-hours (275/300), Pathways 29.550 (275/300): 1.267
-    ours = cost.build_cell(seeds(tmp_path, "base", chips=4, scores=(0.86, 0.87, 0.87, 0.88),
-                                 hours_at_275=23.326), target=0.85)  # fmt: skip
-    pw = cost.build_cell(seeds(tmp_path, "pw", chips=4, scores=(0.86, 0.87, 0.86, 0.86),
-                               hours_at_275=29.550), target=0.85)  # fmt: skip
+    ours = cost.build_cell(
+        seeds(tmp_path, "base", chips=4, scores=(0.86, 0.87, 0.87, 0.88), hours_at_275=23.326),
+        target=0.85,
+    )
+    pw = cost.build_cell(
+        seeds(tmp_path, "pw", chips=4, scores=(0.86, 0.87, 0.86, 0.86), hours_at_275=29.550),
+        target=0.85,
+    )
     row = cost.compare_cells(ours, pw)
     assert row["ours"]["charged_pair"] == [275, 300] == row["against"]["charged_pair"]
     assert row["ratio"]["value"] == pytest.approx(1.267, abs=0.001)
@@ -195,10 +248,14 @@ def test_cost_reproduces_table_i2_4_chips(tmp_path):
 
 def test_cost_charges_stacks_at_their_own_pairs_as_table_i2_16_chips(tmp_path):
     # LoCoJAX base misses update 300 (charged 325/348, 48.013), Pathways 275/300 (77.591)
-    ours = cost.build_cell(seeds(tmp_path, "base", chips=16, scores=(0.86, 0.849, 0.86, 0.87),
-                                 hours_at_275=40.0), target=0.85)  # fmt: skip
-    pw = cost.build_cell(seeds(tmp_path, "pw", chips=16, scores=(0.86, 0.86, 0.87, 0.87),
-                               hours_at_275=77.591), target=0.85)  # fmt: skip
+    ours = cost.build_cell(
+        seeds(tmp_path, "base", chips=16, scores=(0.86, 0.849, 0.86, 0.87), hours_at_275=40.0),
+        target=0.85,
+    )
+    pw = cost.build_cell(
+        seeds(tmp_path, "pw", chips=16, scores=(0.86, 0.86, 0.87, 0.87), hours_at_275=77.591),
+        target=0.85,
+    )
     row = cost.compare_cells(ours, pw)
     assert row["ours"]["charged_pair"] == [325, 348]
     assert row["against"]["charged_pair"] == [275, 300]

