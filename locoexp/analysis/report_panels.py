@@ -26,7 +26,7 @@ def _section(name: str):
 
 
 def colors(runs: Sequence[Run]) -> dict[str, str]:
-    groups = sorted({run.records.group for run in runs})
+    groups = sorted({run.label for run in runs})
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {g: cycle[i % len(cycle)] for i, g in enumerate(groups)}
 
@@ -71,7 +71,7 @@ def draw_lines(ax, panel: Panel, runs: Sequence[Run]) -> None:
                     xs,
                     ys,
                     marker="o" if len(xs) < 20 else None,
-                    color=palette[run.records.group],
+                    color=palette[run.label],
                     label=f"{run.label} | {run.run_dir.name}",
                 )
                 drawn = True
@@ -151,7 +151,7 @@ def cost_to_learn(runs: Sequence[Run], *, target: float | None):
             chip_hour_price_usd=run.records.chip_hour_price_usd,
         ).as_metrics()
         if "cost/chip_hours" in cost:
-            bars.bar(i, cost["cost/chip_hours"], color=palette[run.records.group])
+            bars.bar(i, cost["cost/chip_hours"], color=palette[run.label])
             bars.annotate(
                 f"target {own:g}\nupdate {cost['cost/charged_step'] + 1}",
                 (i, cost["cost/chip_hours"]),
@@ -178,7 +178,7 @@ def cost_to_learn(runs: Sequence[Run], *, target: float | None):
                 [run.chips * c.elapsed_s / SECONDS_PER_HOUR for c in checkpoints],
                 [c.score for c in checkpoints],
                 marker="o",
-                color=palette[run.records.group],
+                color=palette[run.label],
                 label=f"{run.arm} | {run.run_dir.name}",
             )
             drawn = True

@@ -159,7 +159,7 @@ def steady_window(run: Run, *, override: str | None = None) -> SteadyWindow:
     steps = int(run.get("steps", len(run.steps)) or len(run.steps))
     if n and passes >= 2:
         first, last = n + math.ceil(3 * n / 20), 2 * n - 1 - math.ceil(n / 20)
-        if first <= last:
+        if first <= last < steps:  # a run cut shorter than its second pass falls back below
             return SteadyWindow(first=first, last=last, rule="second pass (Appendix A)")
     return SteadyWindow(first=min(2, steps - 1), last=steps - 1, rule="after warm-up (one pass)")
 
