@@ -269,3 +269,17 @@ def test_cost_uses_the_runs_own_target(tmp_path):
     cell = cost.build_cell(runs, target=None)
     assert cell.target == 0.85 and not cell.charge().reached
     assert cost.build_cell(runs, target=0.55).charge().charged_step + 1 == 300
+
+
+def test_eq4_periods_decide_when_training_is_the_longer_da_branch():
+    # measured on this CPU (experiments/LOG.md, co_vs_da_cpu, split 0.25): the shortcut says da,
+    # but the 1-host trainer branch is the longer one and da's period is the longer period
+    terms = accounting.Eq4Terms(
+        dr_h=0.307, dt_h=1.453, dpub_co=0.236, dr_hr=1.487, dt_ht=3.350, dpub=0.036, dl=0.249
+    )
+    shortcut = accounting.eq4_verdict(
+        o=terms.hidden_training, a=0.0, f=terms.fragmentation, dl=terms.dl, tau=0.0
+    )
+    periods = accounting.eq4_periods_verdict(terms)
+    assert shortcut["favours"] == "da"
+    assert (periods["longer_da_branch"], periods["favours"]) == ("training", "co")

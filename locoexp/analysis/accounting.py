@@ -112,6 +112,19 @@ def eq4_verdict(*, o: float, a: float, f: float, dl: float, tau: float) -> dict:
     }
 
 
+def eq4_periods_verdict(terms: Eq4Terms) -> dict:
+    """Eq. 4 in full on measured terms: the shorter period wins. The paper's shortcut
+    (O + A > F + dL + tau) holds only while rollout is the longer da branch; say which is."""
+    rollout_branch, trainer_branch = terms.dr_hr + terms.dl, terms.dt_ht + terms.dpub
+    return {
+        "lambda_co": terms.lambda_co,
+        "lambda_da": terms.lambda_da,
+        "longer_da_branch": "rollout" if rollout_branch >= trainer_branch else "training",
+        "shortcut_applies": rollout_branch >= trainer_branch,
+        "favours": "da" if terms.lambda_da < terms.lambda_co else "co",
+    }
+
+
 def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Terms:
     """Eq. 4's terms measured from a co run and a da run (medians over steady steps; slowest
     host per phase as logged). tau is the residual lambda_DA - max{...}; A is 0 (the driver

@@ -115,7 +115,7 @@ def run_accounting(args) -> dict:
         result["eq4"] = _eq4(
             terms.hidden_training, terms.a, terms.fragmentation, terms.dl, terms.tau
         )
-        result["eq4"]["lambda_co"], result["eq4"]["lambda_da"] = terms.lambda_co, terms.lambda_da
+        result["eq4_periods"] = accounting.eq4_periods_verdict(terms)
     if args.o is not None or args.f is not None:
         missing = [t for t in ("o", "f") if getattr(args, t) is None]
         if missing:
@@ -182,11 +182,23 @@ def format_accounting(result: dict) -> str:
         t = result["eq4_terms"]
         lines.append("Eq. 4 terms (s): " + "  ".join(f"{k} {v:.3f}" for k, v in t.items()))
     if "eq4" in result:
-        e = result["eq4"]
+        e, periods = result["eq4"], result.get("eq4_periods", {"shortcut_applies": True})
         lines.append(
-            f"Eq. 4: O + A = {e['O + A']:.3f} s against F + dL + tau = {e['F + dL + tau']:.3f} s: "
+            ("Eq. 4" if periods["shortcut_applies"] else "Eq. 4 shortcut (not applicable here)")
+            + f": O + A = {e['O + A']:.3f} s against F + dL + tau = {e['F + dL + tau']:.3f} s: "
             f"favours {e['favours']} (da saves {e['da_saves_s']:+.3f} s per step)"
         )
+    if "eq4_periods" in result:
+        p = result["eq4_periods"]
+        lines.append(
+            f"Eq. 4 periods: lambda_co {p['lambda_co']:.3f} s, lambda_DA {p['lambda_da']:.3f} s "
+            f"(longer da branch: {p['longer_da_branch']}): favours {p['favours']}"
+        )
+        if not p["shortcut_applies"]:
+            lines.append(
+                "  (the shortcut O + A > F + dL + tau assumes rollout is the longer da branch; "
+                "here training is, so the periods decide)"
+            )
     if "tradeoff1" in result:
         t = result["tradeoff1"]
         lines.append(
