@@ -6,11 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from locoexp.compose import compose_config as compose_typed  # registers `config_schema`
-from locoexp.compose import preflight
+from locoexp.compose import compose_config, preflight
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 
@@ -27,11 +25,6 @@ COMPANIONS = {
     ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.5"],  # da needs >= 2 hosts and a split
     ("hardware", "tpu_v7x_256"): ["dataset=gsm8k"],  # 64 hosts need prompts_per_step % 64 == 0
 }
-
-
-def compose_config(overrides: list[str]) -> Config:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
 
 
 def test_every_group_has_options():
@@ -73,9 +66,7 @@ EXPERIMENTS = sorted(path.stem for path in (ROOT / "experiments" / "experiment")
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_converts_to_the_typed_config(experiment, monkeypatch):
-    monkeypatch.chdir(
-        ROOT
-    )  # conf/config.yaml adds experiments/ to the search path by a relative path
+    monkeypatch.chdir(ROOT)  # experiment files name data files relative to the repository root
     assert isinstance(compose_config([f"+experiment={experiment}"]), Config)
 
 
@@ -131,8 +122,8 @@ def test_messages_name_what_is_valid(tmp_path):
 
 def test_a_coordinator_port_the_cluster_would_ignore_is_refused():
     with pytest.raises(ConfigError, match="hardware.coordinator_port=1234"):
-        compose_typed(["hardware=tpu_v7x_16", "hardware.coordinator_port=1234"])
-    assert compose_typed(["hardware.coordinator_port=1234"]).hardware.coordinator_port == 1234
+        compose_config(["hardware=tpu_v7x_16", "hardware.coordinator_port=1234"])
+    assert compose_config(["hardware.coordinator_port=1234"]).hardware.coordinator_port == 1234
 
 
 def test_appended_unknown_key_is_refused_before_the_run():

@@ -70,7 +70,7 @@ class RayActors:
         return reports, [batch for _, batch in pending]
 
     def start_train(self, step: int, batches: list, *, carried: dict | None) -> list:
-        # carried is None: O1 is refused under da (locoexp.main.check_levers)
+        # carried is None: O1 is refused under da (Config._check_placement_keys)
         return [t.train.remote(step, batches) for t in self.hosts.trainers]
 
     def collect_train(self, pending: list, timer: StepTimer) -> list[TrainResult]:
