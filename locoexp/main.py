@@ -66,7 +66,7 @@ def placement_roles(config: Config) -> Roles:
     return Roles(
         trainer_hosts=layout.trainer_hosts,
         rollout_hosts=layout.rollout_hosts,
-        colocated=layout.colocated,
+        colocated=layout.staleness == 0,  # co, single_controller: every host trains
         hosts_per_engine=layout.hosts_per_engine,
         kl_reference=config.algo.kl_coef > 0,
     )

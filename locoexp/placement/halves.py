@@ -99,8 +99,7 @@ class RolloutHalf:
         s, timer, start = self.settings, self.timer, time.time()
         if self.load is not None:
             with timer.phase("load"):
-                if published.version != self.version:
-                    self.load(self.engine, published)
+                self._load_newer(published)
         self.version = published.version
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), self.host)
         with timer.phase("admission"):
@@ -140,21 +139,28 @@ class RolloutHalf:
             report=HalfReport(metrics, Window(start, time.time())),
         )
 
-    def evaluate(self, published: Published, *, limit: int | None) -> tuple[int, int]:
-        """(correct, scored) of this host's share of the held-out examples under `published`."""
-        if self.load is not None and published.version != self.version:
+    def _load_newer(self, published: Published) -> None:
+        if published.version != self.version:
             self.load(self.engine, published)
             self.version = published.version
-        examples = self.task.eval[:limit] if limit else self.task.eval
+
+    def evaluate(self, published: Published, *, limit: int | None) -> tuple[int, int]:
+        """(correct, scored) of this host's share of the held-out examples under `published`,
+        one sample each at the evaluation temperature."""
+        if self.load is not None:
+            self._load_newer(published)
+        mine = (self.task.eval[:limit] if limit else self.task.eval)[self.host :: self.hosts]
+        if not mine:
+            return 0, 0
         key = jax.random.fold_in(jax.random.key(self.settings.seed + 1), published.version)
-        return phases.evaluate(
-            self.task,
-            self.engine,
-            examples[self.host :: self.hosts],
+        rollout = self.engine.generate(
+            [e.prompt_tokens for e in mine],
             key=jax.random.fold_in(key, self.host),
             max_new_tokens=self.settings.max_new_tokens,
             sampling=self.settings.eval_sampling,
         )
+        rewards = self.task.score(list(mine), [rollout.completion(n) for n in range(len(mine))])
+        return int(self.task.is_correct(rewards).sum()), len(mine)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -24,10 +24,6 @@ class Layout:
     hosts_per_engine: int  # 1: host-local engines; H: one lockstep engine over every host
     staleness: int  # steps between the weights that sample a batch and the update it feeds
 
-    @property
-    def colocated(self) -> bool:
-        return self.staleness == 0
-
 
 def build_layout(
     kind: PlacementKind, *, hosts: int, devices_per_host: int, split: float | None

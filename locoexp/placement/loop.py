@@ -58,6 +58,14 @@ class Transport(Protocol):
     def evaluate(self, published: Published, *, limit: int | None) -> float: ...
 
 
+class RecordSink(Protocol):
+    """Where records go: `metrics.run_output.RunOutput` (or a benchmark's list)."""
+
+    def export(self, record: dict) -> None: ...
+
+    def on_eval(self, checkpoint: Checkpoint, *, seconds: float) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoopPlan:
     steps: int
@@ -108,7 +116,15 @@ def drive(
 class StepLoop:
     """Steps, evaluations and records of one run (see the design note above)."""
 
-    def __init__(self, transport, plan: LoopPlan, *, timer, output, start_time: float):
+    def __init__(
+        self,
+        transport: Transport,
+        plan: LoopPlan,
+        *,
+        timer: StepTimer,
+        output: RecordSink | None,
+        start_time: float,
+    ):
         self.transport, self.plan, self.timer = transport, plan, timer
         self.output, self.start_time = output, start_time
         self.records: list[dict] = []

@@ -7,7 +7,6 @@ per prompt, N = B * G requests.
 """
 
 import dataclasses
-from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -124,26 +123,3 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
         "rollout/decode_iterations": rollout.decode_iterations,
         "rollout/waves": rollout.waves,
     }
-
-
-def evaluate(
-    task: Task,
-    engine: JaxEngine,
-    examples: Sequence[Example],
-    *,
-    key: jax.Array,
-    max_new_tokens: int,
-    sampling: SamplingParams,
-) -> tuple[int, int]:
-    """Held-out evaluation of `examples` (this host's share): (correct, scored), one sample each
-    at the evaluation temperature."""
-    if not examples:
-        return 0, 0
-    rollout = engine.generate(
-        [e.prompt_tokens for e in examples],
-        key=key,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-    )
-    rewards = task.score(list(examples), [rollout.completion(n) for n in range(len(examples))])
-    return int(task.is_correct(rewards).sum()), len(examples)
