@@ -74,8 +74,8 @@ def test_paper_settings_reach_the_typed_config(compose):
     assert (table3.dataset.prompts_per_step, table3.dataset.samples_per_prompt) == (128, 16)
     assert table3.model.param_dtype.value == "bfloat16"  # GSM8K: bf16 trainer weights
     assert table3.opt.freeze_gc and table3.placement.kind.value == "co"
-    cell = compose(["+experiment=co_vs_da", "+workload=numinamath_cot", "+co_da_cell=c64_da_12_5"])
-    assert (cell.hardware.chips, cell.split, cell.placement.kind.value) == (64, 0.125, "da")
+    cell = compose(["+experiment=co_vs_da", "+workload=numinamath_cot", "+co_da_cell=c64_da_50"])
+    assert (cell.hardware.chips, cell.split, cell.placement.kind.value) == (64, 0.5, "da")
     scale = compose(["+experiment=scale_study", "+scale_cell=llama3_1_405b_tp16"])
     assert (scale.rollout.tensor_parallel, scale.rollout.capacity) == (16, 256)
     assert (scale.dataset.max_new_tokens, scale.rollout.ignore_eos) == (8192, True)
