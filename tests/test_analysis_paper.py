@@ -283,3 +283,11 @@ def test_eq4_periods_decide_when_training_is_the_longer_da_branch():
     periods = accounting.eq4_periods_verdict(terms)
     assert shortcut["favours"] == "da"
     assert (periods["longer_da_branch"], periods["favours"]) == ("training", "co")
+
+
+def test_the_analysis_package_never_imports_jax():
+    code = (
+        "import sys, locoexp.analysis.__main__, locoexp.analysis.cli, locoexp.analysis.figures; "
+        "assert 'jax' not in sys.modules, 'jax was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
