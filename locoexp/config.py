@@ -7,6 +7,7 @@ allocated or written.
 """
 
 import dataclasses
+import math
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.dataset.config import DatasetConfig
@@ -42,6 +43,15 @@ class Config:
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
 
     def __post_init__(self):
+        _require_finite(self, prefix="")
+        # GRPO and Dr. GRPO compare each sample with its group's mean (Section I.1): a group of
+        # one has advantage 0, so every step would train on a zero gradient.
+        require(
+            self.dataset.samples_per_prompt >= 2,
+            f"dataset.samples_per_prompt={self.dataset.samples_per_prompt} gives every sample a "
+            f"zero group advantage under algo.advantage={self.algo.advantage.value}; set "
+            "dataset.samples_per_prompt>=2 (Table 1 uses 8 or 16).",
+        )
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
@@ -80,6 +90,19 @@ class Config:
                 self.dataset.prompts_per_step % hosts == 0,
                 f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
+            )
+
+
+def _require_finite(node, *, prefix: str) -> None:
+    """Every float key of the config is a finite number (inf or nan would train on NaN)."""
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if dataclasses.is_dataclass(value):
+            _require_finite(value, prefix=f"{prefix}{field.name}.")
+        elif isinstance(value, float):
+            require(
+                math.isfinite(value),
+                f"{prefix}{field.name}={value} must be a finite number.",
             )
 
 

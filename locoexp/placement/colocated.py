@@ -27,6 +27,7 @@ from locoexp.placement import phases
 from locoexp.placement.multihost import HostGroup, combine_host_metrics
 from locoexp.placement.phases import StepSettings
 from locoexp.rollout.engine import JaxEngine
+from locoexp.trainer.divergence import require_finite_step
 from locoexp.trainer.trainer import Trainer
 
 
@@ -172,6 +173,7 @@ def run_loop(
             with runner.timer.step():
                 runner.carried_metrics = previous if o1 else None
                 metrics = runner.step(step)
+                require_finite_step(metrics, step=step)  # every host sees the same loss
                 with runner.timer.phase("log"):
                     if o1:
                         emit(runner.exchanged)

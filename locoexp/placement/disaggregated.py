@@ -35,6 +35,7 @@ from locoexp.metrics.timing import StepTimer
 from locoexp.placement.da_output import BatchLedger, summarize
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.placement.ray_cluster import DaLayout, HostParts, Hosts, start_hosts, start_ray
+from locoexp.trainer.divergence import require_finite_step
 
 
 def run_da(
@@ -192,6 +193,7 @@ def _drive(
             pending = [] if last else hosts.generate(step + 1, published)
             with timer.phase("trainer_round"):
                 trained = ray.get(training)
+            require_finite_step(trained[0]["host"], step=step)
         published = trained[0]["published"]
         versions = [r["host"]["rollout/weight_version"] for r in rollouts]
         ledger.record(step, trained[0]["example_ids"], [int(v) for v in versions])
