@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from locoexp.config import Config
+from locoexp.config import Config, config_keys
 from locoexp.errors import ConfigError
 
 CONFIG_DIR = "conf"
@@ -57,9 +57,10 @@ def _hydra_message(error: Exception) -> str:
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
+                parent = key.rpartition(".")[0]
                 return (
-                    f"'{key}' is not a config key; the valid keys are the dataclass fields in "
-                    "locoexp/*/config.py."
+                    f"'{key}' is not a config key; the valid keys of {parent or 'the root'} are "
+                    f"{', '.join(config_keys(parent))}."
                 )
             return f"{key}: {what.rstrip('.')}."
     lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
@@ -119,7 +120,7 @@ def compose_config(overrides: list[str] = ()) -> Config:
 def preflight(argv: list[str]) -> list[Config]:
     """Compose and validate every job before Hydra starts, so bad input writes nothing."""
     configs = compose_configs(_sweep_combinations(_job_overrides(argv)))
-    from locoexp.main import check_run  # noqa: PLC0415  (jax loads only once the config is valid)
+    from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
 
     for config in configs:
         if not config.dry_run:

@@ -106,6 +106,18 @@ def _require_finite(node, *, prefix: str) -> None:
             )
 
 
+def config_keys(path: str) -> list[str]:
+    """The keys under `path` of the schema ("" = the root, "algo", "dataset.synthetic"); empty
+    when `path` names no group."""
+    node: type | None = Config
+    for part in filter(None, path.split(".")):
+        fields = {f.name: f.type for f in dataclasses.fields(node)}
+        node = fields.get(part)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return sorted(f.name for f in dataclasses.fields(node))
+
+
 def valid_splits(hosts: int) -> list[float]:
     """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
     return [t / hosts for t in range(1, hosts)]

