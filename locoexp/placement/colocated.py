@@ -173,13 +173,14 @@ def run_loop(
             with runner.timer.step():
                 runner.carried_metrics = previous if o1 else None
                 metrics = runner.step(step)
-                require_finite_step(metrics, step=step)  # every host sees the same loss
                 with runner.timer.phase("log"):
                     if o1:
                         emit(runner.exchanged)
                     elif previous is not None:
                         emit(runner.exchange_metrics(previous))
                     runner.exchanged = None
+                # after the previous step's record is out; every host sees the same loss
+                require_finite_step(metrics, step=step)
             previous = {
                 "step": step,
                 **metrics,

