@@ -405,7 +405,9 @@ def test_a_diverging_run_exits_with_one_sentence_naming_the_step(tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "is not finite, so the run stops" in errors[0], errors
-    assert errors[0].startswith("error: step ")
+    step = int(errors[0].removeprefix("error: step ").split(":")[0])
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in records] == list(range(step))  # up to the last good
 
 
 def float_keys(node, prefix=""):
