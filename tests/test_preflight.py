@@ -359,6 +359,16 @@ def test_an_asked_for_offline_fallback_is_printed_and_taken(monkeypatch, capsys)
     assert checked_mode(LoggerConfig()) == "offline"  # automatic mode: no credentials, offline
 
 
+def test_a_malformed_wandb_key_is_refused_without_network(monkeypatch):
+    from locoexp.metrics.config import LoggerConfig, WandbMode
+    from locoexp.metrics.wandb_logger import checked_mode
+
+    monkeypatch.setenv("WANDB_API_KEY", "bogus")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with pytest.raises(ConfigError, match="WANDB_API_KEY is malformed"):
+        checked_mode(LoggerConfig(mode=WandbMode.online))
+
+
 # ---- numbers and algorithm -----------------------------------------------------------------------
 
 

@@ -191,7 +191,9 @@ def checked_mode(config: LoggerConfig) -> str:
         if config.mode is not None
         else (f"{wandb.env.MODE}=online" if os.environ.get(wandb.env.MODE) else None)
     )
-    problem = _online_problem(wandb_base_url(), has_wandb_credentials())
+    problem = _online_problem(
+        wandb_base_url(), has_wandb_credentials(), os.environ.get(wandb.env.API_KEY)
+    )
     if problem is None:
         return mode
     if asked is not None and not config.offline_fallback:
@@ -207,13 +209,13 @@ def checked_mode(config: LoggerConfig) -> str:
 
 
 @functools.cache
-def _online_problem(base_url: str, has_credentials: bool) -> str | None:
+def _online_problem(base_url: str, has_credentials: bool, api_key: str | None) -> str | None:
     """Why online W&B cannot work (None: it can); the server probe runs once per process."""
     if not has_credentials:
         return (
             "no W&B credentials are configured (WANDB_API_KEY, or a netrc entry from `wandb login`)"
         )
-    key_problem = _api_key_problem(os.environ.get(wandb.env.API_KEY))
+    key_problem = _api_key_problem(api_key)
     if key_problem:
         return f"{wandb.env.API_KEY} is malformed ({key_problem.rstrip('.')})"
     if not answers(base_url):
