@@ -393,9 +393,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step():
     with pytest.raises(TrainingDiverged, match=r"^step 4: train/loss=nan is not finite"):
         require_finite_step({"train/loss": float("nan"), "train/grad_norm": 3.0}, step=4)
     with pytest.raises(TrainingDiverged, match="last good checkpoint is ckpt/3"):
-        require_finite_step(
-            {"train/grad_norm": float("inf")}, step=4, last_checkpoint="ckpt/step_3"
-        )
+        require_finite_step({"train/grad_norm": float("inf")}, step=4, last_checkpoint="ckpt/3")
 
 
 def test_a_diverging_run_exits_with_one_sentence_naming_the_step(tmp_path):
