@@ -237,6 +237,27 @@ def test_rows_datasets_rejects_become_one_sentence_naming_the_files(tmp_path, co
     assert f"dataset.data_files={good}" in message and "Invalid value. in row 3" in message
 
 
+SHARED = {
+    "gsm8k": ("gsm8k/train.jsonl", "gsm8k/test.jsonl"),
+    "numinamath_cot": ("numinamath_cot/cn_k12_math_problems_weak_solutions_250.csv", None),
+    "swe_agent": ("swe_agent_trajectories/trajectories", None),
+}
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_shared_real_data_passes_the_data_checks(name):
+    from dataset_options import shared_data
+
+    from locoexp.dataset.build import needed_columns
+    from locoexp.dataset.config import DatasetKind
+    from locoexp.dataset.files import check_data_files
+
+    for relative in filter(None, SHARED[name]):
+        path = shared_data(relative)
+        pattern = f"{path}/*.json" if path.is_dir() else str(path)
+        check_data_files(pattern, key="data_files", columns=needed_columns(DatasetKind(name)))
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 
 
