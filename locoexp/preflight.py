@@ -5,8 +5,7 @@ stderr (exit code 2, no traceback) and leaves no directory behind. The config's 
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
 the typed `Config` is built; this module adds what needs the machine, cheapest first:
 
-- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats), and the
-  host shares of placement=da;
+- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats);
 - the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
   its platform settings;
 - the W&B logger: online needs local credentials and a server that answers within 2 s, unless
@@ -33,20 +32,17 @@ from locoexp.dataset.files import check_data_files
 from locoexp.dataset.load import load_rows
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
-from locoexp.main import build_schedule, placement_roles
+from locoexp.main import build_schedule
 from locoexp.main import check_run as check_fit
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.disaggregated import check_da_shapes
 from locoexp.rollout.config import EngineKind
 
 
 def check_run(config: Config) -> None:
     """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine."""
     check_fit(config)
-    check_placement(config)
     if config.rollout.engine is EngineKind.vllm:
         from locoexp.rollout import vllm_engine  # noqa: PLC0415
 
@@ -63,18 +59,6 @@ def check_run(config: Config) -> None:
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
     build_schedule(config, rows)
-
-
-def check_placement(config: Config) -> None:
-    """placement=da: whole GRPO groups per rollout host, equal shares per trainer host."""
-    if config.placement.kind is PlacementKind.da:
-        roles = placement_roles(config)
-        check_da_shapes(
-            config.dataset.prompts_per_step,
-            config.dataset.samples_per_prompt,
-            trainer_hosts=roles.trainer_hosts,
-            rollout_hosts=roles.rollout_hosts,
-        )
 
 
 def check_data(dataset: DatasetConfig) -> int:
