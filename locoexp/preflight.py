@@ -1,7 +1,8 @@
 """`check_run(config)`: every refusal of a run that needs this machine, before anything is written.
 
-`run.py` calls it before Hydra creates the run directory, so bad input ends as one sentence on
-stderr (exit code 2, no traceback) and leaves no directory behind. The config's own invariants
+`run.py` calls it (through `locoexp.compose.preflight`) before Hydra creates the run directory,
+so bad input ends as one sentence on stderr (exit code 2, no traceback) and leaves no directory
+behind. The config's own invariants
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
 the typed `Config` is built; this module adds what needs the machine, cheapest first:
 
