@@ -461,9 +461,8 @@ def test_every_float_key_refuses_non_finite_numbers(compose, value):
 
 
 def test_da_host_shares_are_refused_before_the_run_directory(compose):
-    config = compose(["placement=da", "split=0.25", "hardware.hosts=4", "logger=none"])
     with pytest.raises(ConfigError, match="must be divisible by the 3 rollout hosts"):
-        check_run(config)
+        compose(["placement=da", "split=0.25", "hardware.hosts=4", "logger=none"])
 
 
 def test_steps_beyond_the_schedule_are_refused_before_the_run_directory(compose):
