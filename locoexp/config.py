@@ -8,6 +8,7 @@ anything is allocated or written.
 """
 
 import dataclasses
+import math
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.dataset.config import DatasetConfig
@@ -46,6 +47,15 @@ class Config:
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
 
     def __post_init__(self):
+        _require_finite(self, prefix="")
+        # GRPO and Dr. GRPO compare each sample with its group's mean (Section I.1): a group of
+        # one has advantage 0, so every step would train on a zero gradient.
+        require(
+            self.dataset.samples_per_prompt >= 2,
+            f"dataset.samples_per_prompt={self.dataset.samples_per_prompt} gives every sample a "
+            f"zero group advantage under algo.advantage={self.algo.advantage.value}; set "
+            "dataset.samples_per_prompt>=2 (Table 1 uses 8 or 16).",
+        )
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
         require(self.launch >= 0, f"launch={self.launch} must be >= 0 (a repeat index).")
         require(
@@ -137,6 +147,31 @@ class Config:
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
         )
+
+
+def _require_finite(node, *, prefix: str) -> None:
+    """Every float key of the config is a finite number (inf or nan would train on NaN)."""
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if dataclasses.is_dataclass(value):
+            _require_finite(value, prefix=f"{prefix}{field.name}.")
+        elif isinstance(value, float):
+            require(
+                math.isfinite(value),
+                f"{prefix}{field.name}={value} must be a finite number.",
+            )
+
+
+def config_keys(path: str) -> list[str]:
+    """The keys under `path` of the schema ("" = the root, "algo", "dataset.synthetic"); empty
+    when `path` names no group."""
+    node: type | None = Config
+    for part in filter(None, path.split(".")):
+        fields = {f.name: f.type for f in dataclasses.fields(node)}
+        node = fields.get(part)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return sorted(f.name for f in dataclasses.fields(node))
 
 
 def valid_splits(hosts: int) -> list[float]:

@@ -44,9 +44,13 @@ class RolloutConfig:
     enforce_eager: bool = False
 
     def __post_init__(self):
+        # Training samples must be random: at temperature 0 every sample of a GRPO group is the
+        # same greedy completion, so the group advantage and the gradient are zero.
         require(
-            self.temperature >= 0,
-            f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).",
+            self.temperature > 0,
+            f"rollout.temperature={self.temperature} must be > 0 for training (0 = greedy gives "
+            "every sample of a group the same completion); greedy evaluation is "
+            "rollout.eval_temperature=0.",
         )
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
@@ -63,7 +67,7 @@ class RolloutConfig:
         )
         require(
             self.eval_temperature >= 0,
-            f"rollout.eval_temperature={self.eval_temperature} must be >= 0.",
+            f"rollout.eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy).",
         )
         require(
             self.data_parallel >= 1, f"rollout.data_parallel={self.data_parallel} must be >= 1."
