@@ -26,13 +26,13 @@ from locoexp.hardware.config import ChipKind
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput
 from locoexp.model.checkpoint import load_model
-from locoexp.model.memory import Roles, check_fit, describe_plan
 from locoexp.placement.colocated import Colocated, LoopHooks, run_loop
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.disaggregated import run_da
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
+from locoexp.planner import Roles, Setup, check_fit, describe_plan
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.engine import SamplingParams
 from locoexp.trainer.trainer import Trainer
@@ -87,7 +87,7 @@ def run(
     if config.dry_run:
         print(plan(config), flush=True)
         return {"dry_run": True}
-    check_run(config)
+    config = check_run(config)
     if config.placement.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
         return run_da(
             config,
@@ -110,27 +110,40 @@ def run(
     return run_host(*args)
 
 
-def plan(config: Config) -> str:
-    """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    return describe_plan(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
+def plan_setup(config: Config) -> Setup:
+    """What the memory plan reads: the sub-configs and the placement's roles."""
+    return Setup(
+        model=config.model,
+        hardware=config.hardware,
+        rollout=config.rollout,
+        dataset=config.dataset,
+        trainer=config.trainer,
+        roles=placement_roles(config),
     )
 
 
-def check_run(config: Config) -> None:
-    """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
-    check_fit(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
+def plan(config: Config) -> str:
+    """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
+    note = ""
+    if config.hardware.hosts_auto:
+        split = f" split={config.split}" if config.split is not None else ""
+        note = (
+            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
+            f"placement={config.placement.kind.value}{split} needs"
+        )
+    return describe_plan(plan_setup(config), hosts_note=note)
+
+
+def check_run(config: Config) -> Config:
+    """The refusals that need no data (memory fit, TP vs heads, placement), before any write;
+    returns `config` with trainer.micro_batch_rows and rollout.capacity resolved by the plan."""
+    resolved = check_fit(plan_setup(config))
+    return dataclasses.replace(
+        config,
+        trainer=dataclasses.replace(
+            config.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+        ),
+        rollout=dataclasses.replace(config.rollout, capacity=resolved.capacity),
     )
 
 

@@ -21,9 +21,15 @@ class RolloutConfig:
     # Paper's scale study: every completion runs to max_new_tokens, EOS is not a stop.
     ignore_eos: bool = False
     # Max concurrent sequences per engine; larger batches generate in waves (Appendix E: "two
-    # waves at 8 chips"). 0 = all requests of the host in one wave.
+    # waves at 8 chips"). 0 = the most that fit: the memory plan (locoexp/planner) resolves it.
     capacity: int = 0
-    tensor_parallel: int = 1  # TP degree per engine replica (Section 4.1: TP1 for small models)
+    # TP degree per engine replica: heads and MLP sharded over this many devices (Section 4.1:
+    # TP1 for small models, TP8-TP32 in the scale study).
+    tensor_parallel: int = 1
+    prefill_chunk_tokens: int = 512  # prompts are prefilled in chunks of this many tokens
+    # The sampler's weight and KV-cache dtype; null = model.param_dtype (Table I3: fp32 trainer,
+    # bf16 sampler).
+    param_dtype: DType | None = None
     # Prompts are padded to the next power of two, at least this long, so a run compiles few shapes.
     prompt_bucket_tokens: int = 16
     eval_temperature: float = 0.7  # held-out evaluation sampling (Table I3: T 0.7)
@@ -51,11 +57,15 @@ class RolloutConfig:
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
         require(
-            self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = one wave)."
+            self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit)."
         )
         require(
             self.tensor_parallel >= 1,
             f"rollout.tensor_parallel={self.tensor_parallel} must be >= 1.",
+        )
+        require(
+            self.prefill_chunk_tokens >= 1,
+            f"rollout.prefill_chunk_tokens={self.prefill_chunk_tokens} must be >= 1.",
         )
         require(
             self.prompt_bucket_tokens >= 1,
