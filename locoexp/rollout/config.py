@@ -57,7 +57,8 @@ class RolloutConfig:
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
         require(
-            self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit)."
+            self.capacity >= 0,
+            f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit).",
         )
         require(
             self.tensor_parallel >= 1,
