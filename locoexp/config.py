@@ -94,7 +94,7 @@ def show_splits(hosts: int) -> str:
 def trainer_hosts(split: float, hosts: int) -> int | None:
     """Trainer hosts of `split` (as printed, to 3 decimals) on `hosts` hosts; None if invalid."""
     count = round(split * hosts)
-    return count if 1 <= count < hosts and abs(count / hosts - split) < 5e-4 else None
+    return count if 1 <= count < hosts and abs(count / hosts - split) <= 5e-4 + 1e-12 else None
 
 
 def minimal_hosts(kind: PlacementKind, split: float | None) -> int:

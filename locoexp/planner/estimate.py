@@ -18,7 +18,8 @@ and one AdamW update per batch:
   gradients n*a/Dt [+ an accumulator of the same size with more than one micro-batch].
   gathered block: the FSDP all-gather of the layer being computed (Dt > 1 only).
   activations of one micro-batch of m x L tokens, by `trainer.remat` (`_saved_per_token`) plus
-    the working set of the one block being differentiated (`_working_per_token`).
+    the working set of the one block being differentiated (`_working_per_token`); `offload`
+    keeps `block`'s saved block inputs in host memory (reported, not checked).
   head (trainer/head.py): the loss slots' hidden states and their gradient (D at `a` each), the
     float32 [V, D] head-gradient accumulator, and one chunk's [C, V] float32 logits. The chunk's
     temporaries are dead before the backward pass produces parameter gradients, so the step's
@@ -27,7 +28,8 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: blocks n_blocks*a_s/t (heads and MLP sharded) + embeddings replicated;
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, three copies (scores, masked,
-    probabilities); decode: the float32 [s, V] logits, two copies (logits and log-softmax).
+    probabilities; four with a bfloat16 sampler); decode: the float32 [s, V] logits, two copies
+    (logits and log-softmax).
 """
 
 import dataclasses
@@ -43,7 +45,10 @@ BYTES = {DType.float32: 4, DType.bfloat16: 2}
 # Dense attention keeps four float32 [H, L] rows per token and layer through the backward pass:
 # the scores, the masked scores, the probabilities and their gradient (XLA, tests/test_planner_xla).
 DENSE_SCORE_COPIES = 4
-PREFILL_SCORE_COPIES = 3  # scores, masked scores, probabilities (forward only)
+# Dense prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities: XLA (CPU)
+# assigns 3.0-3.1 such copies with a float32 sampler and 3.3-4.4 with bfloat16 (the
+# probabilities' cast for the value matmul, and layout copies), hence 3 and 4.
+PREFILL_SCORE_COPIES = {DType.float32: 3, DType.bfloat16: 4}
 DECODE_LOGIT_COPIES = 2  # logits and their log-softmax for sampling
 
 
@@ -132,7 +137,7 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         case RematPolicy.save_matmuls:
             per_block = _matmul_outputs_per_token(c) * a + 2 * c.num_heads * F32
         case RematPolicy.offload:
-            return 0  # in host memory; the device streams one block's worth (working set)
+            return 0  # the block inputs are in host memory; the device streams them back
     return c.num_layers * per_block + 2 * c.hidden_dim * a  # + the final norm's input, output
 
 
@@ -144,8 +149,8 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
     if shape.attention is not AttentionKind.dense:  # one [H, block] float32 tile, fwd and bwd
         recomputed += 2 * c.num_heads * min(shape.attention_block, shape.row_tokens) * F32
-    if shape.remat is RematPolicy.offload:  # the block's saved outputs, fetched and prefetched
-        recomputed += 2 * _matmul_outputs_per_token(c) * a
+    if shape.remat is RematPolicy.offload:  # this block's input and the next one, prefetched
+        recomputed += 2 * c.hidden_dim * a
     return recomputed
 
 
@@ -158,7 +163,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     chunk = min(shape.logit_chunk, max(slots, 1))
     offloaded = 0
     if shape.remat is RematPolicy.offload:
-        offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
+        offloaded = tokens * (c.num_layers * c.hidden_dim + 2 * c.hidden_dim) * a
     return TrainerMemory(
         params=shard,
         gradients=shard * (2 if shape.micro_batches > 1 else 1),
@@ -212,7 +217,7 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     return EngineMemory(
         weights=weights,
         kv_cache=s * slots * c.num_layers * 2 * kv_heads * c.head_dim * a,
-        prefill=PREFILL_SCORE_COPIES * s * heads * chunk * slots * F32,
+        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
         outputs=s * shape.new_tokens * 2 * 4,
     )

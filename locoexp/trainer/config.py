@@ -17,7 +17,7 @@ class RematPolicy(enum.Enum):
     none = "none"  # keep every activation the backward pass needs
     block = "block"  # keep each decoder block's input only; recompute the block in backward
     save_matmuls = "save_matmuls"  # keep the matmul outputs, recompute the rest
-    offload = "offload"  # save_matmuls, with the saved activations in host memory (TPU, Table H2)
+    offload = "offload"  # block, with the saved block inputs in host memory (TPU, Table H2)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,0 +1,91 @@
+"""The cells the paper ran, as `run.py` override lists (data; the dry-run test and
+tools/plan_paper_cells.py plan every one of them).
+
+- Stack comparison (Table 1, Table 3): GSM8K (bf16 trainer, Section 3.1), NuminaMath-CoT and
+  SWE-agent on Qwen3-0.6B at 8-64 chips, colocated and single-controller.
+- CO vs DA (Section 4.4, Table F1): the three workloads under `da` at 8-256 chips; the paper
+  ran the splits 0.5, 0.25 and 0.125, the test plans every valid split.
+- Scale study (Section 4.1, Table H1): OpenMathInstruct-2, 256 x 8 forced to 8,192 tokens, bf16,
+  one lockstep sampler over 128 chips, at TP8 (0.6B-70B), TP16 (all but 14B) and TP32 (~200B,
+  405B). `WORKAROUNDS` holds the settings a cell needs beyond the paper's (Table H2: the paper
+  itself needed q/k/v remat and freed sampler copies at 405B).
+"""
+
+STACK_WORKLOADS = {
+    "gsm8k": ["dataset=gsm8k", "model.param_dtype=bfloat16"],
+    "numinamath_cot": ["dataset=numinamath_cot"],
+    "swe_agent": ["dataset=swe_agent"],
+}
+STACK_CHIPS = (8, 16, 32, 64)
+DA_CHIPS = (8, 16, 32, 64, 128, 256)
+PAPER_SPLITS = (0.5, 0.25, 0.125)
+SCALE_STUDY = [
+    "hardware=tpu_v7x_128",
+    "placement=single_controller",
+    "dataset=openmathinstruct2",
+    "rollout.ignore_eos=true",
+    "model.param_dtype=bfloat16",
+]
+SCALE_MODELS = {  # model: the TPs the paper ran it at (Table H1; ~100B at TP16 only)
+    "qwen3_0_6b": (8, 16),
+    "qwen3_1_7b": (8, 16),
+    "qwen3_4b": (8, 16),
+    "qwen3_8b": (8, 16),
+    "qwen3_14b": (8,),
+    "qwen3_32b": (8, 16),
+    "llama3_1_70b": (8, 16),
+    "synthetic_100b": (16,),
+    "synthetic_200b": (16, 32),
+    "llama3_1_405b": (16, 32),
+}
+WORKAROUNDS: dict[str, list[str]] = {}  # cell label -> the extra overrides it needs to fit
+
+
+def stack_cells() -> list[tuple[str, list[str]]]:
+    return [
+        (
+            f"{name} {placement} {chips} chips",
+            ["model=qwen3_0_6b", *overrides, f"hardware=tpu_v7x_{chips}", f"placement={placement}"],
+        )
+        for name, overrides in STACK_WORKLOADS.items()
+        for chips in STACK_CHIPS
+        for placement in ("co", "single_controller")
+    ]
+
+
+def da_cells(*, every_split: bool) -> list[tuple[str, list[str]]]:
+    cells = []
+    for name, overrides in STACK_WORKLOADS.items():
+        for chips in DA_CHIPS:
+            hosts = chips // 4
+            splits = [t / hosts for t in range(1, hosts)] if every_split else PAPER_SPLITS
+            for split in splits:
+                if round(split * hosts) < 1 or round(split * hosts) >= hosts:
+                    continue
+                cells.append(
+                    (
+                        f"{name} da {chips} chips split={split:.3f}".rstrip("0"),
+                        [
+                            "model=qwen3_0_6b",
+                            *overrides,
+                            f"hardware=tpu_v7x_{chips}",
+                            "placement=da",
+                            f"split={split:.3f}".rstrip("0"),
+                        ],
+                    )
+                )
+    return cells
+
+
+def scale_cells() -> list[tuple[str, list[str]]]:
+    return [
+        (f"{model} TP{tp}", [*SCALE_STUDY, f"model={model}", f"rollout.tensor_parallel={tp}"])
+        for model, tps in SCALE_MODELS.items()
+        for tp in tps
+    ]
+
+
+def paper_cells(*, every_split: bool = True) -> list[tuple[str, list[str]]]:
+    """Every cell with its overrides (and its workaround overrides, where it needs any)."""
+    cells = stack_cells() + da_cells(every_split=every_split) + scale_cells()
+    return [(label, overrides + WORKAROUNDS.get(label, [])) for label, overrides in cells]
