@@ -38,7 +38,18 @@ SCALE_MODELS = {  # model: the TPs the paper ran it at (Table H1; ~100B at TP16 
     "synthetic_200b": (16, 32),
     "llama3_1_405b": (16, 32),
 }
-WORKAROUNDS: dict[str, list[str]] = {}  # cell label -> the extra overrides it needs to fit
+# Cell label -> the overrides it needs beyond the paper's own to fit. From 32B up the trainer
+# rematerialises each block (MaxText's default full remat, which the paper's Pathways trainer
+# ran); 405B keeps the block inputs in host memory too (Table H2: the paper needed q/k/v remat,
+# a compiler flag and, at TP16, freeing the sampler's weights and KV cache during training).
+WORKAROUNDS: dict[str, list[str]] = {
+    **{
+        f"{model} TP{tp}": ["trainer.remat=block"]
+        for model in ("qwen3_32b", "llama3_1_70b", "synthetic_100b", "synthetic_200b")
+        for tp in SCALE_MODELS[model]
+    },
+    **{f"llama3_1_405b TP{tp}": ["trainer.remat=offload"] for tp in SCALE_MODELS["llama3_1_405b"]},
+}
 
 
 def stack_cells() -> list[tuple[str, list[str]]]:
@@ -89,3 +100,23 @@ def paper_cells(*, every_split: bool = True) -> list[tuple[str, list[str]]]:
     """Every cell with its overrides (and its workaround overrides, where it needs any)."""
     cells = stack_cells() + da_cells(every_split=every_split) + scale_cells()
     return [(label, overrides + WORKAROUNDS.get(label, [])) for label, overrides in cells]
+
+
+def grouped_by_split(
+    cells: list[tuple[str, list[str]]],
+) -> dict[tuple[str, ...], list[tuple[str, float | None]]]:
+    """Cells keyed by their overrides without `split=`, so a caller composes each base once
+    (with split=0.5, valid on every even host count) and replaces the split."""
+    grouped: dict[tuple[str, ...], list[tuple[str, float | None]]] = {}
+    for label, overrides in cells:
+        base = tuple(o for o in overrides if not o.startswith("split="))
+        split = next(
+            (
+                float(o.removeprefix("split="))
+                for o in overrides
+                if o != base and o.startswith("split=")
+            ),
+            None,
+        )
+        grouped.setdefault(base, []).append((label, split))
+    return grouped

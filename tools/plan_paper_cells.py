@@ -1,0 +1,69 @@
+"""Dry-run plans of every cell the paper ran, as a markdown table (GiB per device, waves).
+
+    python tools/plan_paper_cells.py [--every-split] > table.md
+
+Each cell is `python run.py <overrides> dry_run=true` (locoexp/planner/paper.py lists them);
+nothing is allocated. Columns: trainer and engine peak GiB per device (colocated peaks include
+the other role's resident state), rows per micro-batch x micro-batches (trainer.micro_batch_rows
+resolved), sequences per engine per wave x waves (rollout.capacity resolved), the settings the
+cell needs beyond the paper's, and the verdict.
+"""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import run  # noqa: E402  (the compose function; registers the config schema)
+from locoexp.errors import ConfigError  # noqa: E402
+from locoexp.main import plan_setup  # noqa: E402
+from locoexp.planner import check_fit, resolve_plan  # noqa: E402
+from locoexp.planner.estimate import GIB  # noqa: E402
+from locoexp.planner.paper import WORKAROUNDS, grouped_by_split, paper_cells  # noqa: E402
+
+
+def planned_configs(every_split: bool):
+    """(label, config) of every cell, each base composed once."""
+    grouped = grouped_by_split(paper_cells(every_split=every_split))
+    bases = list(grouped)
+    jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
+    for base, config in zip(bases, run.compose_configs(jobs), strict=True):
+        for label, split in grouped[base]:
+            yield label, config if split is None else dataclasses.replace(config, split=split)
+
+
+def table_row(label: str, config) -> str:
+    setup = plan_setup(config)
+    try:
+        check_fit(setup)
+        verdict = "fits"
+    except ConfigError as error:
+        verdict = str(error)
+    p = resolve_plan(setup)
+    s = p.trainer_shape
+    extra = " ".join(WORKAROUNDS.get(label, [])) or "-"
+    return (
+        f"| {label} | {p.trainer_peak / GIB:.1f} | {p.engine_peak / GIB:.1f} | "
+        f"{s.micro_batch_rows} x {s.micro_batches} | {p.capacity} x {p.waves} | "
+        f"TP{setup.rollout.tensor_parallel} | {extra} | {verdict} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--every-split", action="store_true", help="every valid da split")
+    args = parser.parse_args()
+    print(
+        "| cell | trainer GiB/device | engine GiB/device | micro-batch rows x count | "
+        "sequences per engine per wave x waves | TP | beyond the paper | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for label, config in planned_configs(args.every_split):
+        print(table_row(label, config), flush=True)
+
+
+if __name__ == "__main__":
+    main()
