@@ -259,7 +259,7 @@ class Trainer:
         grads = jax.tree.map(lambda g, h, p: (g + h).astype(p.dtype), grads, head_grads, params)
         return (loss, metrics), grads
 
-    def _train_step(self, params, opt_state, batch, reference):
+    def _loss_and_grads(self, params, batch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
             batch = {
                 **batch,
@@ -267,9 +267,11 @@ class Trainer:
             }
         layout = self._layout(batch)
         if layout.count == 1:
-            (loss, metrics), grads = self._one_shot_grads(params, batch)
-        else:
-            (loss, metrics), grads = self._accumulated_grads(params, batch, layout)
+            return self._one_shot_grads(params, batch)
+        return self._accumulated_grads(params, batch, layout)
+
+    def _train_step(self, params, opt_state, batch, reference):
+        (loss, metrics), grads = self._loss_and_grads(params, batch, reference)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         params = jax.lax.with_sharding_constraint(params, self.param_shardings)
@@ -284,6 +286,15 @@ class Trainer:
         )
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def loss_and_grads(self, batch: PackedBatch):
+        """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
+        return jax.jit(self._loss_and_grads)(self.params, self.device_batch(batch), self.reference)
+
+    def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
+        """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
+        placed = self.device_batch(batch)
+        return self._step.lower(self.params, self.opt_state, placed, self.reference)
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
         """The trainer's recomputation of this process's loss targets' log-probs [K]."""
