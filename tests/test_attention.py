@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tiny_policy import random_prompts, tiny_model
 
+from locoexp.config import Config
 from locoexp.errors import ConfigError
 from locoexp.model.attention import (
     AttentionSpec,
@@ -19,7 +20,7 @@ from locoexp.model.attention import (
     splash_attention,
 )
 from locoexp.model.config import AttentionKind, RematPolicy
-from locoexp.trainer.config import check_attention_backend, check_remat_backend
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 KV_HEADS, PER_KV, HEAD_DIM = 2, 2, 16
 
@@ -128,3 +129,13 @@ def test_host_offload_remat_is_refused_on_cpu():
         check_remat_backend(RematPolicy.offload, "cpu")
     check_remat_backend(RematPolicy.offload, "tpu")
     check_remat_backend(RematPolicy.save_matmuls, "cpu")
+
+
+def test_the_run_config_refuses_a_kernel_its_hardware_cannot_run():
+    """`python run.py trainer.attention=splash` on hardware=cpu fails at start-up (exit 2)."""
+    with pytest.raises(
+        ConfigError, match=r"^trainer.attention=splash runs only on tpu, not on cpu;"
+    ):
+        Config(trainer=TrainerConfig(attention=AttentionKind.splash))
+    with pytest.raises(ConfigError, match=r"^trainer.remat=offload runs only on gpu/tpu"):
+        Config(trainer=TrainerConfig(remat=RematPolicy.offload))

@@ -22,7 +22,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.model.attention import AttentionSpec
 from locoexp.model.config import AttentionKind, RematPolicy
 from locoexp.model.transformer import Transformer
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 from locoexp.trainer.head import HeadLossSpec, head_loss, head_loss_and_grads
 from locoexp.trainer.micro import MicroLayout, accumulate_decoder_grads, hidden_in_micro_batches
 from locoexp.trainer.packing import PackedBatch
@@ -128,6 +128,8 @@ class Trainer:
         temperature: float,
         max_new_tokens: int,
     ):
+        check_attention_backend(config.attention, jax.default_backend())
+        check_remat_backend(config.remat, jax.default_backend())
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.graphdef, params = nnx.split(model, nnx.Param)
