@@ -16,7 +16,7 @@ from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -51,6 +51,8 @@ class Config:
             all(1 <= u <= self.steps for u in self.eval_at_updates),
             f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].",
         )
+        check_attention_backend(self.trainer.attention, self.hardware.platform)
+        check_remat_backend(self.trainer.remat, self.hardware.platform)
         if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
             self.hardware.hosts = minimal_hosts(self.placement.kind, self.split)
         hosts = self.hardware.hosts

@@ -36,6 +36,11 @@ class HardwareConfig:
         return self.chips_per_host * self.devices_per_chip
 
     @property
+    def platform(self) -> str:
+        """The JAX backend these chips run ("cpu", "tpu"), for the kernel checks."""
+        return {ChipKind.cpu: "cpu", ChipKind.tpu_v7x: "tpu"}[self.chip]
+
+    @property
     def chips(self) -> int:
         return self.hosts * self.chips_per_host
 
