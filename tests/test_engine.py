@@ -105,25 +105,21 @@ def test_model_kv_cache_decode_logits_equal_full_forward(model):
     expected = np.stack(full_forward_logits(model, list(sequences)))
 
     graphdef, params = nnx.split(model, nnx.Param)
-    slot_ids = np.arange(slots)
-    prefill_mask = np.broadcast_to(
-        slot_ids[None, :] <= np.arange(prompt_len)[:, None], (rows, prompt_len, slots)
-    )
+    valid = np.ones((rows, slots), bool)  # no padding: causality comes from slot order
     positions = np.broadcast_to(np.arange(prompt_len), (rows, prompt_len))
     logits, cache = _cached_forward(
         graphdef,
         params,
         sequences[:, :prompt_len],
         positions,
-        prefill_mask,
+        valid,
         init_cache(model.config, rows, slots),
         0,
     )
     got = [logits]
     for t in range(prompt_len, slots):  # one token per call, attending to the cache only
-        mask = np.broadcast_to(slot_ids <= t, (rows, 1, slots))
         logits, cache = _cached_forward(
-            graphdef, params, sequences[:, t : t + 1], np.full((rows, 1), t), mask, cache, t
+            graphdef, params, sequences[:, t : t + 1], np.full((rows, 1), t), valid, cache, t
         )
         got.append(logits)
     np.testing.assert_allclose(np.concatenate(got, axis=1), expected, atol=1e-5, rtol=0)
@@ -402,8 +398,12 @@ def test_generate_program_does_not_grow_with_generated_tokens(engine, prompts):
     tokens, lens = np.zeros((len(prompts), 16), np.int32), np.full(len(prompts), 16, np.int32)
 
     def lowered(max_new):
-        program = engine._program(len(prompts), 16, max_new, SAMPLE)
-        return program.lower(engine.params, tokens, lens, jax.random.key(0)).as_text()
+        signature = (len(prompts), 16, max_new, SAMPLE)
+        prefill = engine._jit("prefill", signature)
+        args = (engine.params, tokens, lens, jax.random.key(0))
+        state = jax.eval_shape(prefill, *args)
+        decode = engine._jit("decode", signature).lower(engine.params, state, lens)
+        return prefill.lower(*args).as_text() + decode.as_text()
 
     short, long = lowered(8), lowered(64)
     assert short.count("stablehlo.while") >= 1
