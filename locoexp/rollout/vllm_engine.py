@@ -107,6 +107,7 @@ class VllmEngine:
         (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
         self.checkpoint_dir = str(directory)
         dtype = (config.param_dtype or model.config.param_dtype).value
+        self.dtype = jax.numpy.dtype(dtype)  # publication gathers the weights in it
         self.llm = vllm.LLM(
             model=self.checkpoint_dir,
             skip_tokenizer_init=True,
