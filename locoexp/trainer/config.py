@@ -63,7 +63,8 @@ class TrainerConfig:
         )
         require(
             self.micro_batch_rows >= 0,
-            f"trainer.micro_batch_rows={self.micro_batch_rows} must be >= 0 (0 = the most that fit).",
+            f"trainer.micro_batch_rows={self.micro_batch_rows} must be >= 0 "
+            "(0 = the most that fit).",
         )
 
 
