@@ -15,17 +15,21 @@ Trainer (locoexp/trainer), FSDP over its Dt devices, gradient accumulation over 
 and one AdamW update per batch:
   resident: params + AdamW m and v (optax keeps them in the param dtype) [+ KL reference],
     each n*a/Dt; the batch's int32 inputs.
-  gradients n*a/Dt [+ an accumulator of the same size with more than one micro-batch].
+  gradients n*a/Dt; with more than one micro-batch (locoexp/trainer/micro.py) a float32
+    accumulator n*4/Dt beside one micro-batch's gradients, and every row's final hidden states
+    and their gradient, 2*rows*L*D*a, which the head between the two decoder passes needs.
   gathered block: the FSDP all-gather of the layer being computed (Dt > 1 only).
   activations of one micro-batch of m x L tokens, by `trainer.remat` (`_saved_per_token`) plus
     the working set of the one block being differentiated (`_working_per_token`); `offload`
-    keeps `block`'s saved block inputs in host memory (reported, not checked).
-  head (trainer/head.py): the loss slots' hidden states and their gradient (D at `a` each), the
+    keeps save_matmuls' outputs in host memory (reported, not checked: host RAM is not a
+    hardware key) and brings one block's back at a time.
+  head (trainer/head.py), once over all loss slots: their hidden states and gradient (D at `a`), the
     float32 [V, D] head-gradient accumulator, and one chunk's [C, V] float32 logits. The chunk's
     temporaries are dead before the backward pass produces parameter gradients, so the step's
     peak holds the larger of the two, not both (XLA: the tiny_qwen-shaped step).
 Engine (locoexp/rollout), one replica per TP group of t devices:
-  weights: blocks n_blocks*a_s/t (heads and MLP sharded) + embeddings replicated;
+  weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
+    embeddings and norms replicated (locoexp/rollout/sharding.py);
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, three copies (scores, masked,
     probabilities; four with a bfloat16 sampler); decode: the float32 [s, V] logits, two copies
@@ -77,7 +81,8 @@ class TrainerMemory:
     """Bytes per trainer device, by term."""
 
     params: int
-    gradients: int  # gradients, plus the accumulator with more than one micro-batch
+    gradients: int  # gradients; with micro-batches a float32 accumulator and one micro-batch's
+    row_states: int  # with micro-batches: every row's final hidden states and their gradient
     optimizer: int  # AdamW m and v
     reference: int  # the KL reference policy (algo.kl_coef > 0), else 0
     inputs: int  # the packed batch's int32 / float32 arrays
@@ -95,6 +100,7 @@ class TrainerMemory:
     @property
     def total(self) -> int:
         transient = self.inputs + self.gathered_block + self.activations + self.head_gradient
+        transient += self.row_states
         return self.resident + transient + max(self.gradients, self.head_chunk)
 
 
@@ -137,7 +143,7 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         case RematPolicy.save_matmuls:
             per_block = _matmul_outputs_per_token(c) * a + 2 * c.num_heads * F32
         case RematPolicy.offload:
-            return 0  # the block inputs are in host memory; the device streams them back
+            return 0  # save_matmuls' outputs, in host memory; brought back block by block
     return c.num_layers * per_block + 2 * c.hidden_dim * a  # + the final norm's input, output
 
 
@@ -149,8 +155,8 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
     if shape.attention is not AttentionKind.dense:  # one [H, block] float32 tile, fwd and bwd
         recomputed += 2 * c.num_heads * min(shape.attention_block, shape.row_tokens) * F32
-    if shape.remat is RematPolicy.offload:  # this block's input and the next one, prefetched
-        recomputed += 2 * c.hidden_dim * a
+    if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
+        recomputed += _matmul_outputs_per_token(c) * a
     return recomputed
 
 
@@ -159,14 +165,16 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     a, dt = BYTES[c.param_dtype], shape.devices
     shard = math.ceil(n / dt) * a
     tokens = shape.micro_batch_rows * shape.row_tokens
-    slots = math.ceil(shape.loss_slots / shape.micro_batches)  # per micro-batch
+    slots = shape.loss_slots  # the head runs once over every loss slot
     chunk = min(shape.logit_chunk, max(slots, 1))
+    micro = shape.micro_batches > 1
     offloaded = 0
     if shape.remat is RematPolicy.offload:
-        offloaded = tokens * (c.num_layers * c.hidden_dim + 2 * c.hidden_dim) * a
+        offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
     return TrainerMemory(
         params=shard,
-        gradients=shard * (2 if shape.micro_batches > 1 else 1),
+        gradients=math.ceil(n / dt) * F32 + shard if micro else shard,
+        row_states=2 * shape.rows * shape.row_tokens * c.hidden_dim * a if micro else 0,
         optimizer=2 * shard,
         reference=shard if shape.kl_reference else 0,
         inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
@@ -205,12 +213,23 @@ class EngineMemory:
         return self.weights + self.kv_cache + max(self.prefill, self.decode) + self.outputs
 
 
+def _engine_weight_elements(c: ModelConfig, t: int) -> int:
+    """Elements per device of a TP-t replica (locoexp/rollout/sharding.py): q, o and the MLP
+    split over t; k and v split too while t <= K, replicated above; embeddings and norms
+    replicated."""
+    q_o = 2 * c.hidden_dim * c.num_heads * c.head_dim // t
+    k_v = 2 * c.hidden_dim * c.num_kv_heads * c.head_dim // (t if t <= c.num_kv_heads else 1)
+    mlp = 3 * c.hidden_dim * c.mlp_dim // t
+    norms = 2 * c.hidden_dim + (2 * c.head_dim if c.qk_norm else 0)
+    per_layer = q_o + k_v + mlp + norms
+    return c.num_layers * per_layer + count_embedding_parameters(c) + c.hidden_dim
+
+
 def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     """Bytes per device of one TP shard of an engine replica in one wave."""
     t, a, s = shape.tensor_parallel, BYTES[shape.dtype], shape.sequences_per_replica
     slots = shape.prompt_tokens + shape.new_tokens
-    blocks = c.num_layers * count_block_parameters(c)
-    weights = math.ceil(blocks / t) * a + (count_embedding_parameters(c) + c.hidden_dim) * a
+    weights = _engine_weight_elements(c, t) * a
     kv_heads = math.ceil(c.num_kv_heads / t)
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)

@@ -10,24 +10,30 @@ does not fit, in one sentence that names settings which do fit. It never allocat
 import dataclasses
 
 from locoexp.errors import ConfigError, require
-from locoexp.model.config import DType
+from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
 from locoexp.planner.plan import Plan, Setup, build_plan, capacity_bytes, fits, shared_memory
 from locoexp.trainer.config import AttentionKind, RematPolicy
 
 
-def valid_tensor_parallel(num_heads: int, engine_devices: int) -> list[int]:
-    """TP degrees that split the query heads evenly and tile an engine's devices."""
+def valid_tensor_parallel(model: ModelConfig, engine_devices: int) -> list[int]:
+    """TP degrees that split the query heads evenly, tile an engine's devices and divide (or
+    are a multiple of) the KV heads (locoexp/rollout/sharding.py)."""
+    kv = model.num_kv_heads
     return [
-        t for t in range(1, engine_devices + 1) if num_heads % t == 0 and engine_devices % t == 0
+        t
+        for t in range(1, engine_devices + 1)
+        if model.num_heads % t == 0
+        and engine_devices % t == 0
+        and (kv % t == 0 if t <= kv else t % kv == 0)
     ]
 
 
 def check_tensor_parallel(setup: Setup) -> None:
     """Refuse a rollout TP degree that does not divide the heads or the engine's devices."""
     t, heads, devices = setup.rollout.tensor_parallel, setup.model.num_heads, setup.engine_devices
-    valid = ", ".join(map(str, valid_tensor_parallel(heads, devices)))
+    valid = ", ".join(map(str, valid_tensor_parallel(setup.model, devices)))
     require(
         heads % t == 0,
         f"rollout.tensor_parallel={t} does not divide model.num_heads={heads} "
@@ -38,6 +44,12 @@ def check_tensor_parallel(setup: Setup) -> None:
         f"rollout.tensor_parallel={t} does not divide the {devices} devices of a rollout "
         f"engine (hardware.chips_per_host x hardware.devices_per_chip per host): valid TP "
         f"degrees are {valid}.",
+    )
+    kv = setup.model.num_kv_heads
+    require(
+        kv % t == 0 if t <= kv else t % kv == 0,
+        f"rollout.tensor_parallel={t} must divide model.num_kv_heads={kv} or be a multiple of "
+        f"it (each device keeps whole KV heads): valid TP degrees are {valid}.",
     )
 
 
@@ -103,7 +115,7 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
     if m.param_dtype is DType.float32:
         out.append(("model.param_dtype=bfloat16", {"model": {"param_dtype": DType.bfloat16}}))
     if role == "engine":
-        valid = valid_tensor_parallel(m.num_heads, setup.engine_devices)
+        valid = valid_tensor_parallel(m, setup.engine_devices)
         for tp in (v for v in valid if v > r.tensor_parallel):
             out.append((f"rollout.tensor_parallel={tp}", {"rollout": {"tensor_parallel": tp}}))
         if (r.param_dtype or m.param_dtype) is DType.float32:
@@ -111,6 +123,19 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
                 ("rollout.param_dtype=bfloat16", {"rollout": {"param_dtype": DType.bfloat16}})
             )
     return [(label, _replace(setup, change)) for label, change in out]
+
+
+def _smaller_batches(setup: Setup) -> list[tuple[str, Setup]]:
+    """Halved prompts per step, kept whole per host (co) or per rollout host (da): on a shared
+    CPU machine more hosts never help, a smaller batch does."""
+    roles, d = setup.roles, setup.dataset
+    multiple = roles.rollout_hosts if roles.hosts_per_engine == 1 else 1
+    out, prompts = [], d.prompts_per_step
+    while prompts > multiple:
+        prompts = max(prompts // 2 // multiple * multiple, multiple)
+        change = {"dataset": {"prompts_per_step": prompts}}
+        out.append((f"dataset.prompts_per_step={prompts}", _replace(setup, change)))
+    return out
 
 
 def _resolved(label: str, setup: Setup) -> str:
@@ -142,6 +167,9 @@ def remedies(setup: Setup, role: str) -> list[str]:
     single = [_resolved(label, v) for label, v in variants if _fits(v)]
     if single:
         return single[:3]
+    if shared_memory(setup.hardware):
+        batch = next((label for label, v in _smaller_batches(setup) if _fits(v)), None)
+        return [batch] if batch else []
     for i, (first, v) in enumerate(variants):
         for second, w in _variants(v, role)[i:]:
             if second != first and _fits(w):
@@ -162,7 +190,8 @@ def check_fit(setup: Setup) -> Plan:
         f"it fits with {' or '.join(fixes)}"
         if fixes
         else "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
-        "dataset.max_new_tokens, or use a larger hardware slice"
+        "dataset.max_new_tokens"
+        + ("" if shared_memory(setup.hardware) else ", or use a larger hardware slice")
     )
     raise ConfigError(f"does not fit: {_shortfall(setup, plan, role)}; {advice}.")
 

@@ -27,7 +27,7 @@ from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
 from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import prompt_bucket
+from locoexp.rollout.engine import padded_prompt_tokens
 from locoexp.trainer.config import TrainerConfig
 
 PROCESS_OVERHEAD_GIB = 0.5
@@ -134,7 +134,7 @@ def _engine_shape(
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
         sequences_per_replica=sequences,
-        prompt_tokens=prompt_bucket(dataset.max_prompt_tokens, rollout.prompt_bucket_tokens),
+        prompt_tokens=padded_prompt_tokens(dataset.max_prompt_tokens, rollout),
         new_tokens=dataset.max_new_tokens,
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,

@@ -26,6 +26,7 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         f"AdamW {_gib(t.optimizer)}",
         f"gathered block {_gib(t.gathered_block)}",
         f"activations {_gib(t.activations)}",
+        f"row states {_gib(t.row_states)}",
         f"head {_gib(t.head_gradient)} + max(gradients, chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
