@@ -167,9 +167,12 @@ def remedies(setup: Setup, role: str) -> list[str]:
     single = [_resolved(label, v) for label, v in variants if _fits(v)]
     if single:
         return single[:3]
-    if shared_memory(setup.hardware):
-        batch = next((label for label, v in _smaller_batches(setup) if _fits(v)), None)
-        return [batch] if batch else []
+    if shared_memory(setup.hardware):  # a smaller batch, alone or after the first variant
+        for prefix, base in [("", setup), *((f"{label} ", v) for label, v in variants)]:
+            batch = next((label for label, v in _smaller_batches(base) if _fits(v)), None)
+            if batch:
+                return [prefix + batch]
+        return []
     for i, (first, v) in enumerate(variants):
         for second, w in _variants(v, role)[i:]:
             if second != first and _fits(w):
