@@ -78,9 +78,11 @@ def test_trainer_terms_equal_the_hand_computed_formula():
     assert shape.micro_batches == 1 and t.gradients == t.params == n // 2 * 4
     assert t.optimizer == 2 * t.params and t.reference == 0 and t.gathered_block == 49_312 * 4
     # Per token and layer: 4D + 2(H+K)h (q/k before the norm and after RoPE) + Kh + Hh + 3F,
-    # fp32; dense attention keeps 4 float32 [H, L] copies and the bool mask L; then the final
-    # norm's input and output 2D.
+    # fp32; dense attention keeps 4 float32 [H, L] copies and the bool mask L; float32 copies
+    # of the norms' inputs (2D) and of q and k for the q/k norm and RoPE (2(H+K)h), and silu's
+    # sigmoid (F); then the final norm's input and output 2D.
     per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 4 * 8 * 4 + 8
+    per_layer += (2 * 64 + 2 * 6 * 16) * 4 + 192 * 4
     assert t.activations == 2 * 8 * (2 * per_layer + 2 * 64 * 4)
     # Head: the float32 [V, D] gradient; 10 loss slots per device, their hidden states and
     # gradient (D fp32 each) and one 10-slot chunk of V float32 logits.

@@ -1,8 +1,10 @@
 """The memory plan against XLA's own buffer assignment of the compiled programs.
 
-For three shapes (float32 with a tiny vocabulary, float32 with Qwen3's 151,936-token vocabulary
-where the fused head dominates, bfloat16 with grouped-query attention), the plan's estimate of
-the train step and of one generation wave must lie within +-25% of what
+For three shapes (float32 with a tiny vocabulary and dense attention; float32 with Qwen3's
+151,936-token vocabulary, where the fused head dominates, and blockwise attention; bfloat16 with
+grouped-query attention, blockwise attention, block remat and micro-batches of one row), the
+plan's estimate of the train step and of one generation wave (chunked prefill, then decode)
+must lie within +-25% of what
 `jax.jit(f).lower(...).compile().memory_analysis()` reports: arguments + outputs - aliased
 (donated) buffers + temporaries, i.e. the program's peak footprint on one CPU device.
 """
@@ -25,6 +27,18 @@ from locoexp.trainer.packing import PackedBatch
 from locoexp.trainer.trainer import Trainer
 
 TOLERANCE = 0.25
+# The trainer's settings per shape: dense attention in one shot (the reference), blockwise
+# attention without remat, and blockwise with block remat over micro-batches of one row.
+TRAINERS = {
+    "tiny-f32": TrainerConfig(attention=AttentionKind.dense),
+    "qwen-vocab-f32": TrainerConfig(attention=AttentionKind.blockwise, attention_block_tokens=128),
+    "gqa-bf16": TrainerConfig(
+        attention=AttentionKind.blockwise,
+        attention_block_tokens=256,
+        remat=RematPolicy.block,
+        micro_batch_rows=1,
+    ),
+}
 SHAPES = {  # model, trainer (rows, row tokens, loss slots), engine (rows, prompt, new tokens)
     "tiny-f32": (ModelConfig(), (8, 256, 512), (16, 64, 64)),
     "qwen-vocab-f32": (
@@ -67,11 +81,13 @@ def footprint(compiled) -> int:
     )
 
 
-def compiled_train_step(model_config: ModelConfig, rows: int, row_tokens: int, slots: int):
+def compiled_train_step(
+    model_config: ModelConfig, config: TrainerConfig, rows: int, row_tokens: int, slots: int
+):
     trainer = Trainer(
         build_model(model_config, seed=0),
         AlgoConfig(),
-        TrainerConfig(),
+        config,
         mesh=Mesh(np.array(jax.devices()[:1]), ("fsdp",)),
         temperature=1.0,
         max_new_tokens=slots,
@@ -89,8 +105,7 @@ def compiled_train_step(model_config: ModelConfig, rows: int, row_tokens: int, s
         behaviour_logprobs=zeros,
         num_sequences=rows,
     )
-    placed = trainer.device_batch(batch)
-    return trainer._step.lower(trainer.params, trainer.opt_state, placed, None).compile()
+    return trainer.lower_step(batch).compile()
 
 
 def compiled_wave(model_config: ModelConfig, rows: int, prompt: int, new: int, chunk: int):
@@ -115,21 +130,21 @@ def compiled_wave(model_config: ModelConfig, rows: int, prompt: int, new: int, c
 @pytest.mark.parametrize("name", SHAPES)
 def test_train_step_estimate_is_within_25_percent_of_xla(name):
     model, (rows, row_tokens, slots), _ = SHAPES[name]
-    # The trainer as it is compiled here: dense attention, no remat, one micro-batch.
+    config = TRAINERS[name]
     shape = TrainerShape(
         devices=1,
         rows=rows,
         row_tokens=row_tokens,
-        micro_batch_rows=rows,
+        micro_batch_rows=config.micro_batch_rows or rows,
         loss_slots=slots,
-        logit_chunk=TrainerConfig().logit_chunk_tokens,
-        attention=AttentionKind.dense,
-        attention_block=512,
-        remat=RematPolicy.none,
+        logit_chunk=config.logit_chunk_tokens,
+        attention=config.attention,
+        attention_block=config.attention_block_tokens,
+        remat=config.remat,
         kl_reference=False,
     )
     planned = estimate_trainer(model, count_parameters_by_formula(model), shape).total
-    measured = footprint(compiled_train_step(model, rows, row_tokens, slots))
+    measured = footprint(compiled_train_step(model, config, rows, row_tokens, slots))
     print(f"train step {name}: plan {planned} B, XLA {measured} B, ratio {planned / measured:.3f}")
     assert abs(planned / measured - 1) <= TOLERANCE, (planned, measured)
 

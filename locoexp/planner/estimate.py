@@ -15,8 +15,9 @@ Trainer (locoexp/trainer), FSDP over its Dt devices, gradient accumulation over 
 and one AdamW update per batch:
   resident: params + AdamW m and v (optax keeps them in the param dtype) [+ KL reference],
     each n*a/Dt; the batch's int32 inputs.
-  gradients n*a/Dt; with more than one micro-batch (locoexp/trainer/micro.py) a float32
-    accumulator n*4/Dt beside one micro-batch's gradients, and every row's final hidden states
+  gradients n*a/Dt; with more than one micro-batch (locoexp/trainer/micro.py) one
+    micro-batch's gradients beside three float32 copies n*4/Dt (the accumulator carried in and
+    out of the scan, and the sum with the head's gradient; XLA), and every row's final hidden states
     and their gradient, 2*rows*L*D*a, which the head between the two decoder passes needs.
   gathered block: the FSDP all-gather of the layer being computed (Dt > 1 only).
   activations of one micro-batch of m x L tokens, by `trainer.remat` (`_saved_per_token`) plus
@@ -52,6 +53,7 @@ DENSE_SCORE_COPIES = 4
 # Dense prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities: XLA (CPU)
 # assigns 3.0-3.1 such copies with a float32 sampler and 3.3-4.4 with bfloat16 (the
 # probabilities' cast for the value matmul, and layout copies), hence 3 and 4.
+BLOCKWISE_TILE_COPIES = 5  # scores, probabilities, their gradient, the score gradient, mask
 PREFILL_SCORE_COPIES = {DType.float32: 3, DType.bfloat16: 4}
 DECODE_LOGIT_COPIES = 2  # logits and their log-softmax for sampling
 
@@ -118,6 +120,15 @@ def _block_elements_per_token(c: ModelConfig) -> int:
     )
 
 
+def _float32_copies_per_token(c: ModelConfig) -> int:
+    """Bytes one block keeps per token for its float32 numerics whatever the param dtype: the
+    two RMSNorms' float32 inputs (2D), q and k in float32 for the q/k norm and for RoPE, and
+    silu's sigmoid (F, at the param dtype). Read off XLA: tiny_qwen's blockwise train step
+    grows by 124 KB per token, 78 KB of it in the terms above."""
+    qk = (c.num_heads + c.num_kv_heads) * c.head_dim * (2 if c.qk_norm else 1)
+    return (2 * c.hidden_dim + qk) * F32 + c.mlp_dim * BYTES[c.param_dtype]
+
+
 def _matmul_outputs_per_token(c: ModelConfig) -> int:
     """Elements `save_matmuls` keeps per token and block: the block input, q/k/v, the attention
     output, o_proj's output, gate and up, down's output."""
@@ -129,7 +140,8 @@ def _attention_bytes_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     """Attention state one block keeps per token beyond q, k, v and its output."""
     if shape.attention is AttentionKind.dense:  # [H, L] float32 copies and the [L] bool mask
         return DENSE_SCORE_COPIES * c.num_heads * shape.row_tokens * F32 + shape.row_tokens
-    return 2 * c.num_heads * F32  # the online softmax's running max and log-sum-exp per head
+    # the kernel's own copy of its output (blocked) and the log-sum-exp per head
+    return c.num_heads * c.head_dim * BYTES[c.param_dtype] + c.num_heads * F32
 
 
 def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
@@ -138,10 +150,11 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     match shape.remat:
         case RematPolicy.none:
             per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
+            per_block += _float32_copies_per_token(c)
         case RematPolicy.block:
             per_block = c.hidden_dim * a
-        case RematPolicy.save_matmuls:
-            per_block = _matmul_outputs_per_token(c) * a + 2 * c.num_heads * F32
+        case RematPolicy.save_matmuls:  # XLA keeps the float32 copies too (measured)
+            per_block = _matmul_outputs_per_token(c) * a + _float32_copies_per_token(c)
         case RematPolicy.offload:
             return 0  # save_matmuls' outputs, in host memory; brought back block by block
     return c.num_layers * per_block + 2 * c.hidden_dim * a  # + the final norm's input, output
@@ -153,11 +166,21 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         return 0  # already counted in what every block keeps
     a = BYTES[c.param_dtype]
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
-    if shape.attention is not AttentionKind.dense:  # one [H, block] float32 tile, fwd and bwd
-        recomputed += 2 * c.num_heads * min(shape.attention_block, shape.row_tokens) * F32
+    recomputed += _float32_copies_per_token(c)
     if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
         recomputed += _matmul_outputs_per_token(c) * a
     return recomputed
+
+
+def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
+    """Blockwise attention's backward holds [m, H, block, block] float32 tiles of one block pair
+    (scores, probabilities, their gradients, the mask) and a float32 dq of the micro-batch."""
+    if shape.attention is AttentionKind.dense:
+        return 0
+    block = min(shape.attention_block, shape.row_tokens)
+    tiles = BLOCKWISE_TILE_COPIES * shape.micro_batch_rows * c.num_heads * block * block * F32
+    dq = shape.micro_batch_rows * shape.row_tokens * c.num_heads * c.head_dim * F32
+    return tiles + dq
 
 
 def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:
@@ -173,13 +196,14 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
     return TrainerMemory(
         params=shard,
-        gradients=math.ceil(n / dt) * F32 + shard if micro else shard,
+        gradients=3 * math.ceil(n / dt) * F32 + shard if micro else shard,
         row_states=2 * shape.rows * shape.row_tokens * c.hidden_dim * a if micro else 0,
         optimizer=2 * shard,
         reference=shard if shape.kl_reference else 0,
         inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
         gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
-        activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape)),
+        activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
+        + _attention_tiles(c, shape),
         head_gradient=c.vocab_size * c.hidden_dim * F32,
         head_chunk=2 * slots * c.hidden_dim * a + chunk * c.vocab_size * F32,
         offloaded=offloaded,
