@@ -98,15 +98,16 @@ def test_engine_terms_equal_the_hand_computed_formula():
     assert e.weights == count_parameters(TINY) * 4
     # 3 prompt tokens padded to the 16-token bucket + 5 new = 21 slots per sequence.
     assert e.kv_cache == 4 * 21 * (2 * 2 * 2 * 16 * 4)  # seqs x S x (layers x k,v x K x h x fp32)
-    assert e.prefill == 3 * 4 * 4 * 16 * 21 * 4  # 3 copies x seqs x H x chunk x S x fp32
+    # 2 copies x seqs x H x chunk x S x fp32, and the chunk loop's second KV cache
+    assert e.prefill == 2 * 4 * 4 * 16 * 21 * 4 + e.kv_cache
     assert e.decode == 2 * 4 * 16 * 4  # logits and log-softmax, seqs x V fp32
     roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=True)
     half = fit.resolve_plan(
         setup(TINY, cpu(1), FOUR, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
     )
     assert half.engine.kv_cache == e.kv_cache // 2 and half.engine.prefill == e.prefill // 2
-    blocks = 2 * 49_312 * 4
-    assert half.engine.weights == e.weights - blocks // 2  # embeddings stay replicated
+    sharded = 2 * (49_312 - 160) * 4  # per layer all but the norms' 2D + 2h scales
+    assert half.engine.weights == e.weights - sharded // 2  # norms and embeddings replicated
 
 
 def test_longer_rows_pack_several_sequences_at_the_caps():
@@ -162,7 +163,10 @@ def test_micro_batch_rows_resolve_to_the_most_that_fit():
             )
         ).trainer_peak
     )
-    assert p.trainer.gradients == 2 * p.trainer.params  # the accumulator beside the gradients
+    # fp32: three float32 copies (the accumulator in and out of the scan, the final sum) beside
+    # one micro-batch's gradients, and every row's hidden states and their gradient
+    assert p.trainer.gradients == 4 * p.trainer.params
+    assert p.trainer.row_states == 2 * 16 * 16384 * 1024 * 4
 
 
 def test_capacity_resolves_to_balanced_waves_that_fit():

@@ -152,7 +152,7 @@ def test_train_step_estimate_is_within_25_percent_of_xla(name):
 @pytest.mark.parametrize("name", SHAPES)
 def test_generation_wave_estimate_is_within_25_percent_of_xla(name):
     model, _, (rows, prompt, new) = SHAPES[name]
-    chunk = prompt // 4  # chunked prefill: four chunks per prompt
+    chunk = prompt // 2  # chunked prefill: two chunks per prompt
     shape = EngineShape(
         tensor_parallel=1,
         sequences_per_replica=rows,

@@ -32,9 +32,10 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
     embeddings and norms replicated (locoexp/rollout/sharding.py);
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
-  prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, three copies (scores, masked,
-    probabilities; four with a bfloat16 sampler); decode: the float32 [s, V] logits, two copies
-    (logits and log-softmax).
+  prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, two copies (scores and
+    probabilities; four with a bfloat16 sampler, which also casts them) and a second KV cache
+    (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
+    log-softmax).
 """
 
 import dataclasses
@@ -50,11 +51,11 @@ BYTES = {DType.float32: 4, DType.bfloat16: 2}
 # Dense attention keeps four float32 [H, L] rows per token and layer through the backward pass:
 # the scores, the masked scores, the probabilities and their gradient (XLA, tests/test_planner_xla).
 DENSE_SCORE_COPIES = 4
-# Dense prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities: XLA (CPU)
-# assigns 3.0-3.1 such copies with a float32 sampler and 3.3-4.4 with bfloat16 (the
-# probabilities' cast for the value matmul, and layout copies), hence 3 and 4.
+# Prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities beside a second KV
+# cache (the chunk loop's carry): fitted to XLA (CPU) at eight engine shapes (chunks of 1/4 to
+# all of the prompt; tests/test_planner_xla.py checks three), within 0.79-1.15.
 BLOCKWISE_TILE_COPIES = 5  # scores, probabilities, their gradient, the score gradient, mask
-PREFILL_SCORE_COPIES = {DType.float32: 3, DType.bfloat16: 4}
+PREFILL_SCORE_COPIES = {DType.float32: 2, DType.bfloat16: 4}
 DECODE_LOGIT_COPIES = 2  # logits and their log-softmax for sampling
 
 
@@ -255,12 +256,14 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     slots = shape.prompt_tokens + shape.new_tokens
     weights = _engine_weight_elements(c, t) * a
     kv_heads = math.ceil(c.num_kv_heads / t)
+    kv_cache = s * (shape.prompt_tokens + shape.new_tokens) * c.num_layers * 2 * kv_heads
+    kv_cache *= c.head_dim * a
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)
     return EngineMemory(
         weights=weights,
-        kv_cache=s * slots * c.num_layers * 2 * kv_heads * c.head_dim * a,
-        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32,
+        kv_cache=kv_cache,
+        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32 + kv_cache,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
         outputs=s * shape.new_tokens * 2 * 4,
     )
