@@ -167,8 +167,15 @@ def remedies(setup: Setup, role: str) -> list[str]:
     single = [_resolved(label, v) for label, v in variants if _fits(v)]
     if single:
         return single[:3]
-    if shared_memory(setup.hardware):  # a smaller batch, alone or after the first variant
-        for prefix, base in [("", setup), *((f"{label} ", v) for label, v in variants)]:
+    if shared_memory(setup.hardware):  # a smaller batch, alone or after one or two variants
+        pairs = [
+            (f"{first} {second}", w)
+            for i, (first, v) in enumerate(variants)
+            for second, w in _variants(v, role)[i:]
+            if second != first
+        ]
+        candidates = [("", setup), *((f"{label} ", v) for label, v in variants + pairs)]
+        for prefix, base in candidates:
             batch = next((label for label, v in _smaller_batches(base) if _fits(v)), None)
             if batch:
                 return [prefix + batch]
@@ -204,7 +211,7 @@ def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
     if shared_memory(hw):
         return (
             f"the {setup.roles.processes} local processes need {_gib(plan.machine_total)} GiB "
-            f"together of this machine's {_gib(limit)} (hardware=cpu hosts share its memory)"
+            f"together of this machine's usable {_gib(limit)} (hardware=cpu hosts share its memory)"
         )
     if role == "trainer":
         t = plan.trainer_shape

@@ -10,9 +10,9 @@ Where the fit is checked: on an accelerator each device has its own memory
 and generation also holds the trainer's params and AdamW state; activations and the KV cache
 are freed between phases. With `hardware=cpu` every host is a process on this one machine, so
 their sum must fit the machine's memory: a `da` trainer host and three light rollout hosts are
-not four equal shares. Each local process also holds the JAX runtime, the tokenizer and its
-compiled programs (`PROCESS_OVERHEAD_GIB`; a bare process with jax and locoexp imported and one
-program compiled peaks at 0.31 GiB RSS).
+not four equal shares (90% of it: the rest is left to the OS). Each local process also holds
+the JAX runtime, the tokenizer and its compiled programs (`PROCESS_OVERHEAD_GIB`; a bare
+process with jax and locoexp imported and one program compiled peaks at 0.31 GiB RSS).
 """
 
 import dataclasses
@@ -31,6 +31,7 @@ from locoexp.rollout.engine import padded_prompt_tokens
 from locoexp.trainer.config import TrainerConfig
 
 PROCESS_OVERHEAD_GIB = 0.5
+SHARED_MEMORY_USABLE = 0.9  # of a CPU machine's memory; the rest for the OS and page cache
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,7 +221,9 @@ def shared_memory(hardware: HardwareConfig) -> bool:
 
 
 def capacity_bytes(hardware: HardwareConfig) -> int:
-    gib = machine_memory_gib() if shared_memory(hardware) else hardware.memory_per_device_gib
+    """Bytes a plan may use: per device, or all local processes together on a CPU machine."""
+    shared = machine_memory_gib() * SHARED_MEMORY_USABLE
+    gib = shared if shared_memory(hardware) else hardware.memory_per_device_gib
     return int(gib * GIB)
 
 

@@ -63,7 +63,9 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
 def _hardware_line(setup: Setup, hosts_note: str) -> str:
     hw = setup.hardware
     if shared_memory(hw):
-        memory = f"sharing this machine's {_gib(capacity_bytes(hw))} GiB (read from the OS)"
+        memory = (
+            f"sharing 90% of this machine's memory, {_gib(capacity_bytes(hw))} GiB (from the OS)"
+        )
     else:
         memory = f"{hw.memory_per_device_gib:.1f} GiB per device"
     note = f" ({hosts_note})" if hosts_note else ""
