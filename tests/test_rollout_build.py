@@ -15,7 +15,7 @@ from locoexp.model.config import DType, ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import EngineKind, RolloutConfig
-from locoexp.rollout.engine import JaxEngine
+from locoexp.rollout.engine import JaxEngine, wave_rows
 from locoexp.rollout.vllm_engine import check_architecture_supported
 
 
@@ -100,3 +100,11 @@ def test_conf_rollout_vllm_converts_to_the_typed_config():
 def test_a_prefill_chunk_below_one_token_is_refused():
     with pytest.raises(ConfigError, match="rollout.prefill_chunk_tokens=0 must be >= 1"):
         RolloutConfig(prefill_chunk_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "requests, capacity, replicas, rows",
+    [(10, 0, 1, 10), (10, 0, 4, 12), (10, 4, 1, 4), (100, 6, 4, 4), (5, 8, 4, 8), (9, 2, 4, 4)],
+)
+def test_a_wave_holds_at_most_capacity_rows_in_whole_replicas(requests, capacity, replicas, rows):
+    assert wave_rows(requests, capacity, replicas) == rows
