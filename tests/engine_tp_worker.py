@@ -1,7 +1,8 @@
 """Run in a subprocess by tests/test_engine_tp.py, with 4 CPU devices set before jax starts:
 TP1 on one device, then DP4 x TP1, DP2 x TP2 and DP1 x TP4 engines over the four devices, on the
 same prompts. Writes each engine's greedy and sampled rollouts and the logits of a cached
-forward pass with its sharded weights and cache to an .npz file (argument 1)."""
+forward pass with its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2
+engine of the fp32 weights before and after a publication."""
 
 import os
 import sys
@@ -16,6 +17,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from tiny_policy import PAD, random_prompts, tiny_model  # noqa: E402
 
+from locoexp.model.config import DType  # noqa: E402
 from locoexp.model.transformer import init_cache  # noqa: E402
 from locoexp.rollout import sharding  # noqa: E402
 from locoexp.rollout.config import RolloutConfig  # noqa: E402
@@ -65,7 +67,24 @@ def main(path: str) -> None:
             out[f"{name}_{label}_logprobs"] = rollout.logprobs
             out[f"{name}_{label}_waves"] = rollout.waves
         out[f"{name}_logits"] = cached_logits(engine, sequences)
+    out.update(bf16_republished(model, prompts))
     np.savez(path, **out)
+
+
+def bf16_republished(model, prompts) -> dict:
+    """A bf16 TP2 engine of fp32 weights, before and after republishing the same weights: the
+    cast lands on the layout its compiled programs take, and changes nothing."""
+    config = RolloutConfig(tensor_parallel=2, prompt_bucket_tokens=1, param_dtype=DType.bfloat16)
+    engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices())
+    out = {}
+    for label in ("bf16_started", "bf16_republished"):
+        rollout = engine.generate(
+            prompts, key=jax.random.key(3), max_new_tokens=MAX_NEW, sampling=SamplingParams(1.0)
+        )
+        out[f"{label}_tokens"], out[f"{label}_logprobs"] = rollout.tokens, rollout.logprobs
+        engine.load_weights(nnx.state(model, nnx.Param))
+    out["bf16_dtypes"] = np.array(sorted({str(x.dtype) for x in jax.tree.leaves(engine.params)}))
+    return out
 
 
 if __name__ == "__main__":

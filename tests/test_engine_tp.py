@@ -56,3 +56,13 @@ def test_tensor_parallel_engine_holds_a_slice_of_the_mlp_per_device(results):
     """TINY's MLP width 64: a whole up_proj on TP1, half on TP2, a quarter on TP4."""
     for layout, columns in (("tp1", 64), ("tp2", 32), ("tp4", 16)):
         assert results[f"{layout}_up_proj_shard_columns"] == columns
+
+
+def test_bf16_tensor_parallel_engine_takes_published_fp32_weights(results):
+    assert list(results["bf16_dtypes"]) == ["bfloat16"]
+    np.testing.assert_array_equal(
+        results["bf16_republished_tokens"], results["bf16_started_tokens"]
+    )
+    np.testing.assert_array_equal(
+        results["bf16_republished_logprobs"], results["bf16_started_logprobs"]
+    )
