@@ -27,8 +27,9 @@ def build_engine(
     """The host's rollout engine, started from `model`'s current weights.
 
     `devices` are the engine's devices (the JAX engine spans them, rollout.tensor_parallel per
-    replica; vLLM takes its platform from them). `max_sequence_tokens` is the longest prompt plus completion the run
-    admits (dataset.max_prompt_tokens + dataset.max_new_tokens); vLLM sizes its KV cache by it.
+    replica; vLLM takes its platform from them). `max_sequence_tokens` is the longest prompt
+    plus completion the run admits (dataset.max_prompt_tokens + dataset.max_new_tokens); vLLM
+    sizes its KV cache by it.
     """
     match config.engine:
         case EngineKind.jax:

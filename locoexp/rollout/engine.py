@@ -18,9 +18,10 @@ vocabulary, L layers):
 - weights: replicated embedding V*D (and the untied head V*D) and norms (2D per layer + D, +2h
   per layer with qk_norm); per layer q and o D*H*h/t each, k and v D*K*h/t each when t <= K and
   D*K*h each (replicated) when t > K, MLP 3*D*F/t; all times a.
-- per wave: C = round_up(min(capacity or N, N), r) rows (waves = ceil(N / C)), s = C / r rows per
-  device; S = P' + M slots, P' = `padded_prompt_tokens` (the power-of-two bucket, at least
-  rollout.prompt_bucket_tokens, rounded up to whole prefill chunks above one chunk).
+- per wave: C = `wave_rows(N, capacity, r)` rows (at most the capacity, in whole replicas;
+  waves = ceil(N / C)), s = C / r rows per device; S = P' + M slots, P' =
+  `padded_prompt_tokens` (the power-of-two bucket, at least rollout.prompt_bucket_tokens,
+  rounded up to whole prefill chunks above one chunk).
   KV cache: s * S * L * 2 * ceil(K/t) * h * a (t > K: one repeated KV head per device);
   decode state: s * M * (4 + 4) bytes (tokens, log-probs).
 - prefill temporaries, one layer at a time, c = min(rollout.prefill_chunk_tokens, P'):
@@ -106,8 +107,13 @@ def padded_prompt_tokens(longest: int, config: RolloutConfig) -> int:
 
 
 def wave_rows(requests: int, capacity: int, replicas: int) -> int:
-    """Rows per wave: at most `capacity` requests (0 = all), rounded up to whole replicas."""
-    return _round_up(min(capacity or requests, requests), replicas)
+    """Rows per wave: every request (capacity 0) or at most `capacity`, in whole replicas:
+    rounded up over the requests (the last rows repeat a prompt), down to stay within the
+    capacity, and at least one row per replica."""
+    rows = _round_up(min(capacity or requests, requests), replicas)
+    if capacity and rows > capacity:
+        rows = max(replicas, capacity // replicas * replicas)
+    return rows
 
 
 class JaxEngine:

@@ -16,6 +16,7 @@ layouts; the engine compiles them with these shardings at their boundaries.
 It owns layouts only: it never compiles, transfers or generates.
 """
 
+import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
@@ -66,8 +67,6 @@ def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int) -> PS:
 
 def param_shardings(params, mesh: Mesh, model: ModelConfig, tensor_parallel: int):
     """A tree of NamedShardings matching `params` (an nnx.State or pure dict of the Params)."""
-    import jax
-
     return jax.tree_util.tree_map_with_path(
         lambda path, _: NamedSharding(mesh, param_spec(path, model, tensor_parallel)), params
     )
