@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from locoexp import compose
 from locoexp.main import plan_setup
 from locoexp.planner import check_fit
 from locoexp.planner.paper import (
@@ -32,9 +33,7 @@ def cell_configs(compose_configs, cells):
 
 @pytest.fixture(scope="module")
 def compose_configs():
-    import run  # noqa: PLC0415  (conftest puts the repository root on sys.path)
-
-    return run.compose_configs
+    return compose.compose_configs
 
 
 def test_every_cell_of_the_paper_fits_its_slice_but_the_known_short_ones(compose_configs):

@@ -11,18 +11,13 @@ cell needs beyond the paper's, and the verdict.
 
 import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import run  # noqa: E402  (the compose function; registers the config schema)
-from locoexp.errors import ConfigError  # noqa: E402
-from locoexp.main import plan_setup  # noqa: E402
-from locoexp.planner import check_fit, resolve_plan  # noqa: E402
-from locoexp.planner.estimate import GIB  # noqa: E402
-from locoexp.planner.paper import WORKAROUNDS, grouped_by_split, paper_cells  # noqa: E402
+from locoexp.compose import compose_configs
+from locoexp.errors import ConfigError
+from locoexp.main import plan_setup
+from locoexp.planner import check_fit, resolve_plan
+from locoexp.planner.estimate import GIB
+from locoexp.planner.paper import WORKAROUNDS, grouped_by_split, paper_cells
 
 
 def planned_configs(every_split: bool):
@@ -30,7 +25,7 @@ def planned_configs(every_split: bool):
     grouped = grouped_by_split(paper_cells(every_split=every_split))
     bases = list(grouped)
     jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
-    for base, config in zip(bases, run.compose_configs(jobs), strict=True):
+    for base, config in zip(bases, compose_configs(jobs), strict=True):
         for label, split in grouped[base]:
             yield label, config if split is None else dataclasses.replace(config, split=split)
 
