@@ -18,7 +18,7 @@ from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -66,6 +66,10 @@ class Config:
             all(1 <= u <= self.steps for u in self.eval_at_updates),
             f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].",
         )
+        check_attention_backend(self.trainer.attention, self.hardware.platform)
+        check_remat_backend(self.trainer.remat, self.hardware.platform)
+        if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
+            self.hardware.hosts = minimal_hosts(self.placement.kind, self.split)
         self._check_placement()
         self._check_placement_keys()
 
@@ -88,19 +92,18 @@ class Config:
             self._check_da_split(hosts)
 
     def _check_da_split(self, hosts: int) -> None:
-        valid = valid_splits(hosts)
-        shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
+        shown = show_splits(hosts)
         require(
             self.split is not None,
             f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
             f"hosts: {shown}.",
         )
         require(
-            self.split in valid,
+            trainer_hosts(self.split, hosts) is not None,
             f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
             f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}.",
         )
-        trainers = round(self.split * hosts)
+        trainers = trainer_hosts(self.split, hosts)
         rollouts, d = hosts - trainers, self.dataset
         require(
             d.prompts_per_step % rollouts == 0,
@@ -177,3 +180,29 @@ def config_keys(path: str) -> list[str]:
 def valid_splits(hosts: int) -> list[float]:
     """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
     return [t / hosts for t in range(1, hosts)]
+
+
+def show_splits(hosts: int) -> str:
+    """The valid splits as a user types them (rounded to 3 decimals: 0.333, not 0.3333...)."""
+    shown = ", ".join(f"{v:.3f}".rstrip("0") for v in valid_splits(hosts))
+    return shown or "none (placement=da needs at least 2 hosts)"
+
+
+def trainer_hosts(split: float, hosts: int) -> int | None:
+    """Trainer hosts of `split` (as printed, to 3 decimals) on `hosts` hosts; None if invalid."""
+    count = round(split * hosts)
+    return count if 1 <= count < hosts and abs(count / hosts - split) <= 5e-4 + 1e-12 else None
+
+
+def minimal_hosts(kind: PlacementKind, split: float | None) -> int:
+    """The smallest host count `placement` and `split` need (hardware.hosts=null, CPU only):
+    1 without a split, else the first H >= 2 that `split` divides into whole host counts."""
+    if kind is not PlacementKind.da or split is None:
+        return 2 if kind is PlacementKind.da else 1
+    found = next((h for h in range(2, 1025) if trainer_hosts(split, h) is not None), None)
+    require(
+        found is not None,
+        f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share such "
+        "as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts).",
+    )
+    return found
