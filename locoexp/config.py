@@ -1,23 +1,24 @@
 """The typed root `Config`: one field per config group plus the run-level keys.
 
-`run.py` composes YAML with Hydra and converts it into this dataclass; everything below
+`locoexp.compose` composes YAML with Hydra and converts it into this dataclass; everything below
 `locoexp.main` receives only the sub-config or runtime object it needs. Cross-group invariants
-(placement vs split, batch vs hosts) are checked here, so a bad run fails before anything is
-allocated or written.
+(placement vs split, batch vs hosts) are checked here, and every placement key and lever is
+honoured or refused in one place (`Config._check_placement_keys`), so a bad run fails before
+anything is allocated or written.
 """
 
 import dataclasses
+import math
 
 from locoexp.algo.config import AlgoConfig
-from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
-from locoexp.hardware.config import HardwareConfig
+from locoexp.hardware.config import ChipKind, HardwareConfig
 from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -34,6 +35,9 @@ class Config:
     # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
     split: float | None = None
     seed: int = 0  # model init and sampling
+    # Repeat index of an otherwise identical run (Appendix A: launches per arm). It changes no
+    # computation; a sweep over it (`launch: 0,1`) gives each repeat its own run directory.
+    launch: int = 0
     steps: int = 150  # optimizer updates (one per batch)
     eval_every_steps: int = 25  # held-out evaluation period; 0 = only after the last step
     # Scored checkpoints by update count, as Table I3's [275, 300, 325, 348]; added to the above.
@@ -41,65 +45,164 @@ class Config:
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
-    # Training-state checkpoint period (orbax, under <run_dir>/checkpoints); 0 = only at the end
-    # and when the run is stopped by SIGTERM/SIGINT, which always checkpoint.
-    checkpoint_every_steps: int = 25
-    # A run directory that holds a checkpoint: auto = resume from it (else start at step 0),
-    # never = refuse it, must = refuse a run directory without one.
-    resume: ResumeMode = ResumeMode.auto
 
     def __post_init__(self):
+        _require_finite(self, prefix="")
+        # GRPO and Dr. GRPO compare each sample with its group's mean (Section I.1): a group of
+        # one has advantage 0, so every step would train on a zero gradient.
+        require(
+            self.dataset.samples_per_prompt >= 2,
+            f"dataset.samples_per_prompt={self.dataset.samples_per_prompt} gives every sample a "
+            f"zero group advantage under algo.advantage={self.algo.advantage.value}; set "
+            "dataset.samples_per_prompt>=2 (Table 1 uses 8 or 16).",
+        )
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
+        require(self.launch >= 0, f"launch={self.launch} must be >= 0 (a repeat index).")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
-        )
-        require(
-            self.checkpoint_every_steps >= 0,
-            f"checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0 (0 = only at the "
-            "end and on SIGTERM/SIGINT).",
         )
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
         require(
             all(1 <= u <= self.steps for u in self.eval_at_updates),
             f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].",
         )
-        hosts = self.hardware.hosts
-        if self.placement.kind is not PlacementKind.da:
+        check_attention_backend(self.trainer.attention, self.hardware.platform)
+        check_remat_backend(self.trainer.remat, self.hardware.platform)
+        if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
+            self.hardware.hosts = minimal_hosts(self.placement.kind, self.split)
+        self._check_placement()
+        self._check_placement_keys()
+
+    def _check_placement(self) -> None:
+        """Split and batch shapes per placement: whole GRPO groups per rollout host."""
+        hosts, kind = self.hardware.hosts, self.placement.kind
+        if kind is not PlacementKind.da:
             require(
                 self.split is None,
-                f"split={self.split} only applies to placement=da, not "
-                f"placement={self.placement.kind.value}; "
+                f"split={self.split} only applies to placement=da, not placement={kind.value}; "
                 "remove it or set placement=da.",
             )
-        else:
-            require(
-                self.resume is not ResumeMode.must,
-                "resume=must with placement=da: da runs do not checkpoint yet (co and "
-                "single_controller do); use resume=auto or placement=co.",
-            )
-            valid = valid_splits(hosts)
-            shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
-            require(
-                self.split is not None,
-                f"placement=da needs split=<the trainer's share of hosts>; valid splits for "
-                f"{hosts} "
-                f"hosts: {shown}.",
-            )
-            require(
-                self.split in valid,
-                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
-                "trainer "
-                f"and rollout host counts; valid splits for {hosts} hosts: "
-                f"{shown}.",
-            )
-        if self.placement.kind is PlacementKind.co:
+        if kind is PlacementKind.co:
             require(
                 self.dataset.prompts_per_step % hosts == 0,
                 f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
             )
+        if kind is PlacementKind.da:
+            self._check_da_split(hosts)
+
+    def _check_da_split(self, hosts: int) -> None:
+        shown = show_splits(hosts)
+        require(
+            self.split is not None,
+            f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
+            f"hosts: {shown}.",
+        )
+        require(
+            trainer_hosts(self.split, hosts) is not None,
+            f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
+            f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}.",
+        )
+        trainers = trainer_hosts(self.split, hosts)
+        rollouts, d = hosts - trainers, self.dataset
+        require(
+            d.prompts_per_step % rollouts == 0,
+            f"dataset.prompts_per_step={d.prompts_per_step} must be divisible by the {rollouts} "
+            "rollout hosts of placement=da (each admits whole GRPO groups).",
+        )
+        sequences = d.prompts_per_step * d.samples_per_prompt
+        require(
+            sequences % trainers == 0,
+            f"dataset.prompts_per_step x dataset.samples_per_prompt = {sequences} sequences must "
+            f"be divisible by the {trainers} trainer hosts of placement=da.",
+        )
+
+    def _check_placement_keys(self) -> None:
+        """Every placement key and lever is honoured or refused here. Where each acts:
+        - O1 `opt.metrics_off_barrier`: co, single_controller (the row exchange carries the
+          previous step's metrics). Refused under da: its hosts report to the Ray driver and
+          share no per-host metrics barrier to leave (`conf/placement/da.yaml` turns it off).
+        - O2 `opt.freeze_gc`: every placement (the loop's process and, under da, every actor).
+        - O3 `opt.balance_prompts`: every placement (admission).
+        - O4 `opt.publish_in_one_call`: every placement (co: the gather into the engine; da: the
+          trainer's gather and the rollout host's load).
+        - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
+          group; refused on a TPU slice under co and single_controller, whose coordinator the
+          cluster names.
+        - `placement.ray_address`: da only (None elsewhere)."""
+        kind = self.placement.kind
+        require(
+            not (kind is PlacementKind.da and self.opt.metrics_off_barrier),
+            "opt.metrics_off_barrier=true (O1) does not apply to placement=da: its hosts report "
+            "to the Ray driver and share no per-host metrics barrier; set "
+            "opt.metrics_off_barrier=false.",
+        )
+        require(
+            self.hardware.coordinator_port == 0
+            or self.hardware.chip is ChipKind.cpu
+            or kind is PlacementKind.da,
+            f"hardware.coordinator_port={self.hardware.coordinator_port} applies to hardware=cpu "
+            f"and to the placement=da trainer group; on hardware.chip="
+            f"{self.hardware.chip.value} with placement={kind.value} the cluster names the "
+            "coordinator: set it to 0.",
+        )
+        require(
+            self.placement.ray_address is None or kind is PlacementKind.da,
+            f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
+
+
+def _require_finite(node, *, prefix: str) -> None:
+    """Every float key of the config is a finite number (inf or nan would train on NaN)."""
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if dataclasses.is_dataclass(value):
+            _require_finite(value, prefix=f"{prefix}{field.name}.")
+        elif isinstance(value, float):
+            require(
+                math.isfinite(value),
+                f"{prefix}{field.name}={value} must be a finite number.",
+            )
+
+
+def config_keys(path: str) -> list[str]:
+    """The keys under `path` of the schema ("" = the root, "algo", "dataset.synthetic"); empty
+    when `path` names no group."""
+    node: type | None = Config
+    for part in filter(None, path.split(".")):
+        fields = {f.name: f.type for f in dataclasses.fields(node)}
+        node = fields.get(part)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return sorted(f.name for f in dataclasses.fields(node))
 
 
 def valid_splits(hosts: int) -> list[float]:
     """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
     return [t / hosts for t in range(1, hosts)]
+
+
+def show_splits(hosts: int) -> str:
+    """The valid splits as a user types them (rounded to 3 decimals: 0.333, not 0.3333...)."""
+    shown = ", ".join(f"{v:.3f}".rstrip("0") for v in valid_splits(hosts))
+    return shown or "none (placement=da needs at least 2 hosts)"
+
+
+def trainer_hosts(split: float, hosts: int) -> int | None:
+    """Trainer hosts of `split` (as printed, to 3 decimals) on `hosts` hosts; None if invalid."""
+    count = round(split * hosts)
+    return count if 1 <= count < hosts and abs(count / hosts - split) <= 5e-4 + 1e-12 else None
+
+
+def minimal_hosts(kind: PlacementKind, split: float | None) -> int:
+    """The smallest host count `placement` and `split` need (hardware.hosts=null, CPU only):
+    1 without a split, else the first H >= 2 that `split` divides into whole host counts."""
+    if kind is not PlacementKind.da or split is None:
+        return 2 if kind is PlacementKind.da else 1
+    found = next((h for h in range(2, 1025) if trainer_hosts(split, h) is not None), None)
+    require(
+        found is not None,
+        f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share such "
+        "as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts).",
+    )
+    return found

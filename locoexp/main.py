@@ -1,13 +1,17 @@
-"""`run(config)`: check the run, start its processes, build the runtime objects and execute it.
+"""`run(config)`: check the run, start its processes, build every runtime object and drive it.
 
-This is the only module that reads the root `Config`; it hands each builder its own sub-config.
-Start-up order: everything that can refuse a run (memory fit, TP vs heads, task files,
-vocabulary, schedule) is checked before anything is allocated or written. With `hardware=cpu`
-and more than one host (or device per host) the run continues in spawned local processes
-(`locoexp.placement.launch`); on a TPU slice every host runs this same function.
+This is the only module that reads the root `Config`; it hands each builder its own sub-config
+and builds, for every placement, what the one step loop (`locoexp.placement.loop`) runs: the two
+halves of a step, their transport and the loop plan. Under `da` it builds the factories that the
+Ray actors call to build their halves. Start-up order: everything that can refuse a run (memory
+fit, TP vs heads, task files, vocabulary, schedule) is checked before anything is allocated or
+written. With `hardware=cpu` and more than one host (or device per host) the run continues in
+spawned local processes (`locoexp.placement.launch`); on a TPU slice every host runs this same
+function.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -16,67 +20,57 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh
 
-from locoexp.checkpoint.session import RunSurvival
-from locoexp.checkpoint.state import config_digest, latest_saved_step
-from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped, StopSignals, stop_agreed
+from locoexp.algo.config import AlgoConfig
 from locoexp.config import Config
 from locoexp.dataset.build import build_task
+from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
-from locoexp.metrics.cost import Checkpoint, resumed_elapsed_s
-from locoexp.metrics.run_output import RunOutput
+from locoexp.metrics.run_output import RunFiles
+from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
-from locoexp.model.memory import Roles, check_fit, describe_plan
-from locoexp.placement import phases
-from locoexp.placement.colocated import Colocated, LoopClock, LoopHooks, run_loop
+from locoexp.model.config import ModelConfig
 from locoexp.placement.config import PlacementKind
-from locoexp.placement.disaggregated import run_da
+from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
+from locoexp.placement.inprocess import InProcess
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
+from locoexp.placement.layout import Layout, build_layout
+from locoexp.placement.loop import LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
+from locoexp.placement.ray_hosts import DaLayout, load_from_object_store, publish_to_object_store
+from locoexp.placement.ray_transport import BatchLedger, ray_actors
+from locoexp.planner import Roles, Setup, check_fit, describe_plan
 from locoexp.rollout.build import build_engine
+from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
+from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.trainer import Trainer
 
 
-def placement_roles(config: Config) -> Roles:
-    hosts = config.hardware.hosts
-    match config.placement.kind:
-        case PlacementKind.co:
-            return Roles(
-                trainer_hosts=hosts,
-                rollout_hosts=hosts,
-                colocated=True,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-        case PlacementKind.single_controller:
-            return Roles(
-                trainer_hosts=hosts,
-                rollout_hosts=hosts,
-                colocated=True,
-                hosts_per_engine=hosts,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-        case PlacementKind.da:
-            trainer_hosts = round((config.split or 0) * hosts)
-            return Roles(
-                trainer_hosts=trainer_hosts,
-                rollout_hosts=hosts - trainer_hosts,
-                colocated=False,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-
-
-def process_layout(config: Config) -> tuple[int, int]:
-    """(processes, devices per process) for this run: one process per host, except the single
-    controller, which is one process holding every host's devices."""
+def layout_of(config: Config) -> Layout:
     hw = config.hardware
-    if config.placement.kind is PlacementKind.single_controller:
-        return 1, hw.devices
-    return hw.hosts, hw.devices_per_host
+    return build_layout(
+        config.placement.kind,
+        hosts=hw.hosts,
+        devices_per_host=hw.devices_per_host,
+        split=config.split,
+    )
+
+
+def placement_roles(config: Config) -> Roles:
+    layout = layout_of(config)
+    return Roles(
+        trainer_hosts=layout.trainer_hosts,
+        rollout_hosts=layout.rollout_hosts,
+        colocated=layout.staleness == 0,  # co, single_controller: every host trains
+        hosts_per_engine=layout.hosts_per_engine,
+        kl_reference=config.algo.kl_coef > 0,
+    )
 
 
 def run(
@@ -91,241 +85,144 @@ def run(
     if config.dry_run:
         print(plan(config), flush=True)
         return {"dry_run": True}
-    check_run(config)
+    config = check_run(config)
+    files = RunFiles(str(run_dir), resolved_config, sweep_name, progress)
     if config.placement.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
-        return run_da(
-            config,
-            run_dir=run_dir,
-            resolved_config=resolved_config,
-            sweep_name=sweep_name,
-            progress=progress,
-        )
-    processes, devices = process_layout(config)
-    args = (config, str(run_dir), resolved_config, sweep_name, progress)
-    if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
+        return run_driver(config, files)
+    layout, hw = layout_of(config), config.hardware
+    processes, devices = layout.processes, layout.devices_per_process
+    if hw.chip is ChipKind.cpu and (processes > 1 or devices > 1):
         code = launch_local_processes(
             run_host,
-            args,
+            (config, files),
             num_processes=processes,
             devices_per_process=devices,
-            bind_address=config.hardware.listen_address(multi_machine=False),
+            coordinator_port=hw.coordinator_port,
+            bind_address=hw.listen_address(multi_machine=False),
         )
-        if code in STOPPED_EXIT_CODES:  # every host checkpointed after a stop signal
-            raise RunStopped(latest_saved_step(run_dir) or 0, code - 128)
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
-    if config.hardware.chip is not ChipKind.cpu and processes > 1:
+    if hw.chip is not ChipKind.cpu and processes > 1:
         initialize_distributed(
             coordinator=None,
             num_processes=processes,
             process_id=None,
-            bind_address=config.hardware.listen_address(multi_machine=True),
+            bind_address=hw.listen_address(multi_machine=True),
         )
-    return run_host(*args)
+    return run_host(config, files)
+
+
+def plan_setup(config: Config) -> Setup:
+    """What the memory plan reads: the sub-configs and the placement's roles."""
+    c = config
+    return Setup(
+        model=c.model,
+        hardware=c.hardware,
+        rollout=c.rollout,
+        dataset=c.dataset,
+        trainer=c.trainer,
+        roles=placement_roles(c),
+    )
 
 
 def plan(config: Config) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    return describe_plan(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
+    note = ""
+    if config.hardware.hosts_auto:
+        split = f" split={config.split}" if config.split is not None else ""
+        note = (
+            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
+            f"placement={config.placement.kind.value}{split} needs"
+        )
+    return describe_plan(plan_setup(config), hosts_note=note)
+
+
+def check_run(config: Config) -> Config:
+    """The refusals that need no data (memory fit, TP vs heads, placement), before any write;
+    returns `config` with trainer.micro_batch_rows and rollout.capacity resolved by the plan."""
+    resolved = check_fit(plan_setup(config))
+    return dataclasses.replace(
+        config,
+        trainer=dataclasses.replace(
+            config.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+        ),
+        rollout=dataclasses.replace(config.rollout, capacity=resolved.capacity),
     )
 
 
-def check_run(config: Config) -> None:
-    """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
-    check_fit(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
-    )
-
-
-def run_host(
-    config: Config,
-    run_dir: str,
-    resolved_config: dict[str, Any] | None,
-    sweep_name: str | None,
-    progress: bool,
-) -> dict[str, Any]:
-    """This process's part of the run; every host calls it, process 0 writes the run directory.
-    A run directory with a checkpoint resumes from it (`resume`); a stop signal ends the run
-    after a checkpoint of the last finished step (`RunStopped`)."""
+def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
+    """`co` and `single_controller`: this process's part of the run (every host calls it; the
+    leader writes the run directory)."""
     start_time = time.perf_counter()
-    run_dir = Path(run_dir)
-    hosts = HostGroup.current()
-    with StopSignals() as signals:
-        survival = open_survival(config, run_dir)
-        if survival.completed:
-            survival.close()
-            return completed_summary(run_dir, steps=config.steps, leader=hosts.is_leader)
-        task = build_checked_task(config)
-        schedule = build_schedule(config, len(task.train))
-        runner = build_runner(config, task, schedule, hosts)
-        if survival.restored is not None:
-            runner.trainer.load_state(
-                survival.restore(runner.trainer.state()), steps_done=survival.start_step
-            )
-            phases.publish(
-                runner.trainer.params,
-                runner.engine,
-                mesh=runner.trainer.mesh,
-                one_call=runner.settings.opt.publish_in_one_call,
-            )
-        try:
-            return _run_steps(
-                config,
-                run_dir,
-                runner,
-                survival,
-                signals,
-                hosts,
-                start_time,
-                task,
-                resolved_config=resolved_config,
-                sweep_name=sweep_name,
-                progress=progress,
-            )
-        finally:
-            survival.close()
-
-
-def _run_steps(
-    config,
-    run_dir,
-    runner,
-    survival,
-    signals,
-    hosts,
-    start_time,
-    task,
-    *,
-    resolved_config,
-    sweep_name,
-    progress,
-) -> dict[str, Any]:
-    restored = survival.restored
-    output = None
-    if hosts.is_leader:
-        output = RunOutput(
-            run_dir,
-            logger=config.logger,
-            resolved_config=resolved_config or {},
-            sweep_name=sweep_name,
-            steps=config.steps,
-            progress=progress,
-            resume_from=survival.start_step if restored else None,
-            scored=restored.scored if restored else (),
-        )
-    offset = 0.0
-    if restored is not None:  # App. I.1's clock over the lost part, agreed from the leader's file
-        local = resumed_elapsed_s(restored.elapsed_s, output.dropped) if output else 0.0
-        offset = float(hosts.allgather(np.array([local]))[0, 0])
-    clock = LoopClock(start_time=start_time, offset_s=offset)  # eval: this attempt's
-    try:
-        summary = run_loop(
-            runner,
-            steps=config.steps,
-            eval_every_steps=config.eval_every_steps,
-            eval_at_updates=config.eval_at_updates,
-            eval_limit=config.dataset.eval_size,
-            hooks=survival_hooks(config, runner, survival, signals, output, task, offset=offset),
-            clock=clock,
-            start_step=survival.start_step,
-        )
-        if output is None:
-            return summary
-        return output.finish(
-            {**summary, "resume/attempts": 1 + (restored.attempts if restored else 0)},
-            target=config.eval_target,
-            chips=config.hardware.chips,
-            chip_hour_price_usd=config.hardware.chip_hour_price_usd,
-            wall_s=clock.elapsed_s() + clock.eval_total_s + earlier_eval_s(survival),
-        )
-    finally:
-        if output is not None:
-            output.close()
-
-
-def survival_hooks(config, runner, survival, signals, output, task, *, offset) -> LoopHooks:
-    """The loop's hooks: records and evaluations to the leader's output, stop agreement,
-    checkpoints (and exports of the policy at `eval_at_updates` and the end) on every host."""
-    hosts, trainer = runner.hosts, runner.trainer
-
-    def on_eval(record: dict) -> None:
-        checkpoint = Checkpoint(
-            step=record["step"], elapsed_s=record["time/elapsed_s"], score=record["eval/accuracy"]
-        )
-        output.on_eval(checkpoint, seconds=record["eval/seconds"])
-
-    def stop_requested(step: int) -> int | None:
-        return stop_agreed(
-            signals,
-            step=step,
-            allgather=hosts.allgather if hosts.count > 1 else None,
-            preemption_sync=config.hardware.chip is not ChipKind.cpu,
-        )
-
-    def checkpoint(updates: int, clock: LoopClock, stopping: bool) -> None:
-        survival.save(
-            trainer.state(),
-            updates=updates,
-            elapsed_s=clock.elapsed_s(),
-            eval_total_s=earlier_eval_s(survival) + clock.eval_total_s,
-            scored=list(output.checkpoints) if output else [],
-            resumed_at_s=offset,
-            wait=stopping or updates == config.steps,
-        )
-        if updates in survival.export_at or updates == config.steps:
-            final = None if updates == config.steps else updates
-            survival.export(
-                trainer.params, trainer.graphdef, config.model, task.tokenizer, updates=final
-            )
-
-    return LoopHooks(
-        export=output.export if output else None,
-        on_eval=on_eval,
-        stop_requested=stop_requested,
-        saves_after=lambda u: survival.saves_after(u) or u in survival.export_at,
-        checkpoint=checkpoint,
+    hosts, timer = HostGroup.current(), StepTimer()
+    task = build_checked_task(config)
+    transport = build_in_process(
+        config, task, build_schedule(config, len(task.train)), hosts, timer
     )
+    with files.open(config.logger, steps=config.steps, leader=hosts.is_leader) as output:
+        return drive(
+            transport, build_loop_plan(config), timer=timer, output=output, start_time=start_time
+        )
 
 
-def earlier_eval_s(survival: RunSurvival) -> float:
-    """Evaluation seconds of the attempts before this one (kept off the clock, App. I.1)."""
-    return survival.restored.eval_total_s if survival.restored else 0.0
+def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
+    """`da`: the Ray driver; the halves run in actors built by the factories below."""
+    start_time = time.perf_counter()
+    layout, hw = layout_of(config), config.hardware
+    task = build_checked_task(config)
+    schedule = build_schedule(config, len(task.train))
+    settings = build_settings(config, local_devices=hw.devices_per_host)
+    da_layout = DaLayout(
+        trainer_hosts=layout.trainer_hosts,
+        rollout_hosts=layout.rollout_hosts,
+        devices_per_host=hw.devices_per_host,
+        cpu_devices=hw.chip is ChipKind.cpu,
+        ray_address=config.placement.ray_address,
+        coordinator_port=hw.coordinator_port,
+        bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
+    )
+    build_rollout = functools.partial(
+        build_actor_rollout_half,
+        model=config.model,
+        rollout=config.rollout,
+        dataset=config.dataset,
+        schedule=schedule,
+        settings=settings,
+    )
+    build_trainer = functools.partial(
+        build_actor_trainer_half,
+        model=config.model,
+        algo=config.algo,
+        trainer=config.trainer,
+        settings=settings,
+    )
+    with files.open(config.logger, steps=config.steps, leader=True) as output:
+        ledger = BatchLedger(schedule, [e.id for e in task.train], output.run_dir / "batches.jsonl")
+        with ray_actors(
+            da_layout,
+            build_rollout=build_rollout,
+            build_trainer=build_trainer,
+            freeze_gc=config.opt.freeze_gc,
+            ledger=ledger,
+        ) as transport:
+            plan = build_loop_plan(config)
+            return drive(transport, plan, timer=StepTimer(), output=output, start_time=start_time)
 
 
-def open_survival(config: Config, run_dir: Path) -> RunSurvival:
-    return RunSurvival.open(
-        run_dir,
-        mode=config.resume,
-        every_steps=config.checkpoint_every_steps,
+def build_loop_plan(config: Config) -> LoopPlan:
+    return LoopPlan(
         steps=config.steps,
-        seed=config.seed,
-        digest=config_digest(config_as_dict(config)),
-        export_at=frozenset(config.eval_at_updates),
+        staleness=layout_of(config).staleness,
+        eval_every_steps=config.eval_every_steps,
+        eval_at_updates=tuple(config.eval_at_updates),
+        eval_limit=config.dataset.eval_size,
+        metrics_off_barrier=config.opt.metrics_off_barrier,
+        freeze_gc=config.opt.freeze_gc,
+        eval_target=config.eval_target,
+        chips=config.hardware.chips,
+        chip_hour_price_usd=config.hardware.chip_hour_price_usd,
     )
-
-
-def completed_summary(run_dir: Path, *, steps: int, leader: bool) -> dict[str, Any]:
-    """A run started again after it finished: nothing is trained; its summary is returned."""
-    if leader:
-        print(
-            f"{run_dir} already holds all {steps} steps of this run (its final checkpoint); "
-            "nothing to train: raise steps= to continue it, or use a new hydra.run.dir.",
-            flush=True,
-        )
-    path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def build_checked_task(config: Config):
@@ -340,37 +237,87 @@ def build_checked_task(config: Config):
     return task
 
 
-def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGroup) -> Colocated:
-    """The engine on this host's devices, the trainer on every device, the step settings."""
-    model = load_model(config.model, seed=config.seed)
-    engine_devices = (
-        jax.local_devices()
-        if hosts.count > 1 or config.placement.kind is PlacementKind.co
-        else jax.devices()
-    )
-    engine = build_engine(
-        model,
+def build_in_process(
+    config: Config, task, schedule: PromptSchedule, hosts: HostGroup, timer: StepTimer
+) -> InProcess:
+    """`co` and `single_controller`: one policy for the engine on this process's devices (every
+    device of the single controller) and the trainer on every device; one shared `timer`."""
+    policy = load_model(config.model, seed=config.seed)
+    settings = build_settings(config, local_devices=len(jax.local_devices()))
+    where = dict(settings=settings, timer=timer)
+    rollout = build_rollout_half(
+        policy,
+        task,
         config.rollout,
+        config.dataset,
+        schedule=schedule,
+        host=hosts.index,
+        hosts=hosts.count,
+        **where,
+    )
+    publish = functools.partial(
+        publish_to_engine, engine=rollout.engine, one_call=config.opt.publish_in_one_call
+    )
+    trainer = build_trainer_half(
+        policy, config.algo, config.trainer, group=hosts, publish=publish, **where
+    )
+    return InProcess(rollout=rollout, trainer=trainer, hosts=hosts)
+
+
+def build_rollout_half(
+    policy, task, rollout: RolloutConfig, dataset: DatasetConfig, *, load=None, **half
+) -> RolloutHalf:
+    """A host's rollout half: its engine over this process's devices, from `policy`'s weights."""
+    engine = build_engine(
+        policy,
+        rollout,
         eos_id=task.tokenizer.eos_id,
         pad_id=task.tokenizer.pad_id,
-        devices=engine_devices,
-        max_sequence_tokens=config.dataset.max_prompt_tokens + config.dataset.max_new_tokens,
+        devices=jax.local_devices(),
+        max_sequence_tokens=dataset.max_prompt_tokens + dataset.max_new_tokens,
     )
-    trainer = Trainer(
-        model,
-        config.algo,
-        config.trainer,
-        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.dataset.max_new_tokens,
+    return RolloutHalf(task=task, engine=engine, load=load, **half)
+
+
+def build_trainer_half(policy, algo: AlgoConfig, trainer: TrainerConfig, **half) -> TrainerHalf:
+    """The trainer half over every device of this process's `jax.distributed` group."""
+    s, mesh = half["settings"], Mesh(np.array(jax.devices()), ("fsdp",))
+    temperature, max_new = s.sampling.temperature, s.max_new_tokens
+    policy_trainer = Trainer(
+        policy, algo, trainer, mesh=mesh, temperature=temperature, max_new_tokens=max_new
     )
-    return Colocated(
-        task=task,
-        schedule=schedule,
-        engine=engine,
-        trainer=trainer,
-        settings=build_settings(config, local_devices=len(jax.local_devices())),
-        hosts=hosts,
+    return TrainerHalf(trainer=policy_trainer, **half)
+
+
+def build_actor_rollout_half(
+    *, model: ModelConfig, rollout: RolloutConfig, dataset: DatasetConfig, **half
+) -> RolloutHalf:
+    """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
+    policy = load_model(model, seed=half["settings"].seed)
+    # what published pure dicts are loaded into: shapes only, so the initial weights live once
+    template = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.split(policy, nnx.Param)[1]
+    )
+    one_call = half["settings"].opt.publish_in_one_call
+    load = functools.partial(load_from_object_store, template=template, one_call=one_call)
+    task = build_task(dataset, tokenizer_dir=model.checkpoint)
+    return build_rollout_half(policy, task, rollout, dataset, load=load, **half)
+
+
+def build_actor_trainer_half(
+    *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig, group: HostGroup, **half
+) -> TrainerHalf:
+    """Called in a `da` trainer actor once it joined the trainer group: its share of every
+    batch, publishing through the object store."""
+    one_call = half["settings"].opt.publish_in_one_call
+    return build_trainer_half(
+        load_model(model, seed=half["settings"].seed),
+        algo,
+        trainer,
+        group=group,
+        publish=functools.partial(publish_to_object_store, one_call=one_call),
+        share=(group.index, group.count),
+        **half,
     )
 
 
@@ -421,16 +368,3 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def config_as_dict(config: Config) -> dict[str, Any]:
-    """The resolved config as plain JSON-able values (enums by value)."""
-
-    def plain(value):
-        if dataclasses.is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        return getattr(value, "value", value)
-
-    return plain(config)

@@ -8,7 +8,6 @@ as a TPU slice; nothing but the chips is simulated). TPU v7x slices (Section 3):
 import dataclasses
 import enum
 import ipaddress
-import os
 
 from locoexp.errors import ConfigError, require
 
@@ -23,14 +22,18 @@ class ChipKind(enum.Enum):
 @dataclasses.dataclass(kw_only=True)
 class HardwareConfig:
     chip: ChipKind = ChipKind.cpu
-    hosts: int = 1  # H
+    # H. None (hardware=cpu): the smallest count the placement and split need, resolved by the
+    # root Config (1 for co and single_controller; 4 for placement=da split=0.25).
+    hosts: int | None = None
     chips_per_host: int = 1
     devices_per_chip: int = 1  # JAX devices per chip (v7x: 2 TensorCores)
-    # None (hardware=cpu only): this machine's physical memory shared by all local devices.
+    # None (hardware=cpu only): the local hosts share this machine's physical memory, read from
+    # the OS, and the memory plan checks their sum (locoexp/planner).
     memory_per_device_gib: float | None = None
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
-    # hardware=cpu: the launcher's coordinator address for jax.distributed.
-    coordinator_port: int = 0  # 0 = pick a free port
+    # The jax.distributed coordinator's port: the local launcher's (hardware=cpu, on 127.0.0.1)
+    # and the da trainer group's (on trainer host 0). 0 = pick a free port.
+    coordinator_port: int = 0
     # The interface the run's listening sockets bind to (the jax.distributed coordinator, the
     # local Ray cluster's services). None: 127.0.0.1 for a run on this machine (hardware=cpu,
     # placement.ray_address unset), all interfaces on a TPU slice or a joined Ray cluster, whose
@@ -43,8 +46,17 @@ class HardwareConfig:
         return self.chips_per_host * self.devices_per_chip
 
     @property
+    def platform(self) -> str:
+        """The JAX backend these chips run ("cpu", "tpu"), for the kernel checks."""
+        return {ChipKind.cpu: "cpu", ChipKind.tpu_v7x: "tpu"}[self.chip]
+
+    @property
     def chips(self) -> int:
         return self.hosts * self.chips_per_host
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
 
     def listen_address(self, *, multi_machine: bool) -> str | None:
         """`bind_address`, or its default: loopback unless the run spans machines."""
@@ -52,25 +64,22 @@ class HardwareConfig:
             return self.bind_address
         return None if multi_machine or self.chip is not ChipKind.cpu else LOOPBACK
 
-    @property
-    def devices(self) -> int:
-        return self.hosts * self.devices_per_host
-
     def __post_init__(self):
         for key in ("hosts", "chips_per_host", "devices_per_chip"):
             value = getattr(self, key)
             require(
-                value >= 1, f"hardware.{key}={value} is invalid: it must be a positive integer."
+                value is None and key == "hosts" or value is not None and value >= 1,
+                f"hardware.{key}={value} is invalid: it must be a positive integer.",
             )
-        if self.memory_per_device_gib is None:
+        # Whether the root Config chose the host count (the dry-run plan says so).
+        self.hosts_auto = self.hosts is None
+        for key in ("hosts", "memory_per_device_gib"):
             require(
-                self.chip is ChipKind.cpu,
-                f"hardware.memory_per_device_gib must be set for hardware.chip={self.chip.value}.",
+                getattr(self, key) is not None or self.chip is ChipKind.cpu,
+                f"hardware.{key} must be set for hardware.chip={self.chip.value}.",
             )
-            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-            self.memory_per_device_gib = round(physical / self.devices, 1)
         require(
-            self.memory_per_device_gib > 0,
+            self.memory_per_device_gib is None or self.memory_per_device_gib > 0,
             f"hardware.memory_per_device_gib={self.memory_per_device_gib} must be > 0.",
         )
         require(

@@ -3,15 +3,19 @@ placement: `metrics.jsonl` (one line per step and per evaluation), the logger (W
 the progress bar, and `summary.json` with cost-to-learn (Appendix I.1: chips x wall time to the
 first of two consecutive scored checkpoints that clear the target, evaluation excluded).
 
-A resumed run (`resume_from=<the checkpoint's next step>`) cuts `metrics.jsonl` back to the
-checkpoint before appending, so every step appears once; its summary and cost-to-learn cover the
-whole run (the scored checkpoints of every attempt; App. I.1's clock: `cost.resumed_elapsed_s`).
+A run started again in a run directory that holds records drops them first (`record.cut_back`),
+so every step appears once, and does not relog to the same W&B run the steps it already holds.
+`resume_from=<a checkpoint's next step>` keeps the records before that step and makes the summary
+and cost-to-learn cover every attempt (App. I.1's clock: `cost.resumed_elapsed_s`); no run passes
+it yet: training-state checkpoints and resume are not wired into the step loop (issue 13).
 
 It owns files and the logger only; it never starts processes or reads clocks of its own.
 """
 
+import contextlib
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +107,35 @@ class RunOutput:
         self.bar.close()
         self.metrics_file.close()
         self.logger.finish()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """Where a run writes and under which names (plain values: host processes receive it)."""
+
+    run_dir: str
+    resolved_config: dict[str, Any] | None
+    sweep_name: str | None
+    progress: bool
+
+    @contextlib.contextmanager
+    def open(self, logger: LoggerConfig, *, steps: int, leader: bool) -> Iterator[Any]:
+        """The run's `RunOutput` on the leader (None elsewhere), closed however the run ends."""
+        if not leader:
+            yield None
+            return
+        output = RunOutput(
+            Path(self.run_dir),
+            logger=logger,
+            resolved_config=self.resolved_config or {},
+            sweep_name=self.sweep_name,
+            steps=steps,
+            progress=self.progress,
+        )
+        try:
+            yield output
+        finally:
+            output.close()
 
 
 def summarize_steps(records: list[dict]) -> dict[str, float]:

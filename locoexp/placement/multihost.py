@@ -46,15 +46,40 @@ class HostGroup:
         return np.asarray(multihost_utils.process_allgather(values)).reshape(self.count, -1)
 
 
+def exchange_rows(
+    group: HostGroup, rows: int, *, carried: dict[str, float] | None
+) -> tuple[int, list[dict[str, float]] | None]:
+    """The packed-shape agreement: every host's row count -> the largest (Algorithm 1, line 4).
+    O1 (Table B1): `carried`, this host's record of the previous step, rides on the same
+    collective; every host's comes back (None when nothing was carried)."""
+    keys = sorted(carried or {})
+    gathered = group.allgather(np.array([rows, *(carried[k] for k in keys)], np.float64))
+    return int(gathered[:, 0].max()), None if carried is None else _records(keys, gathered[:, 1:])
+
+
+def exchange_metrics(group: HostGroup, record: dict[str, float]) -> list[dict[str, float]]:
+    """This host's record -> every host's, in a collective of its own (the barrier O1 avoids)."""
+    keys = sorted(record)
+    return _records(keys, group.allgather(np.array([record[k] for k in keys], np.float64)))
+
+
+def _records(keys: list[str], rows: np.ndarray) -> list[dict[str, float]]:
+    return [dict(zip(keys, row.tolist(), strict=True)) for row in rows]
+
+
 @functools.cache
-def _replicator(mesh: Mesh):
-    return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))
+def _replicator(mesh: Mesh, dtype):
+    cast = (
+        (lambda p: p) if dtype is None else (lambda p: jax.tree.map(lambda x: x.astype(dtype), p))
+    )
+    return jax.jit(cast, out_shardings=NamedSharding(mesh, PS()))
 
 
-def replicate(params, mesh: Mesh):
+def replicate(params, mesh: Mesh, dtype=None):
     """All-gather sharded params into a full copy on every device of `mesh` (one program,
-    compiled once per tree structure)."""
-    return _replicator(mesh)(params)
+    compiled once per tree structure), cast to `dtype` first when given (the engine's: a bf16
+    sampler of an fp32 trainer gathers half the bytes, Table I3)."""
+    return _replicator(mesh, dtype)(params)
 
 
 def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
@@ -69,20 +94,21 @@ def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
     )
 
 
-def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool):
-    """Trainer params (FSDP over `mesh`) -> a full replica on this host's engine `devices`.
+def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool, dtype=None):
+    """Trainer params (FSDP over `mesh`) -> a full replica in `dtype` (default: theirs) on this
+    host's engine `devices`.
 
     O4 (Table B1): one gather program for every weight; otherwise one per layer and one per
     remaining top-level parameter group, as a per-layer publisher does."""
     if one_call:
-        full = replicate(params, mesh)
+        full = replicate(params, mesh, dtype)
     else:
         pure = nnx.to_pure_dict(params)
         gathered = {
             name: (
-                {i: replicate(layer, mesh) for i, layer in sub.items()}
+                {i: replicate(layer, mesh, dtype) for i, layer in sub.items()}
                 if name == "layers"
-                else replicate(sub, mesh)
+                else replicate(sub, mesh, dtype)
             )
             for name, sub in pure.items()
         }
