@@ -8,6 +8,9 @@ Nothing imports this module. Bad input is reported as one sentence on stderr wit
 and no traceback, before Hydra creates the run directory.
 """
 
+import os
+import shlex
+import signal
 import sys
 
 import hydra
@@ -15,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from locoexp.checkpoint.stop import RunStopped
 from locoexp.compose import hydra_message, preflight, to_config
 from locoexp.errors import ConfigError
 
@@ -39,6 +43,22 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as error:  # raised after start-up checks that need data (files, vocab)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunStopped as stopped:  # SIGTERM/SIGINT: the last finished step is checkpointed
+        print(resume_line(stopped, hydra_cfg.runtime.output_dir), file=sys.stderr, flush=True)
+        # Everything is on disk (checkpoint, records, logger closed); the interpreter's teardown
+        # of the XLA client would take seconds more than the 5 s a stop may take.
+        sys.stdout.flush()
+        os._exit(stopped.exit_code)
+
+
+def resume_line(stopped, run_dir: str) -> str:
+    """One line: where the run stopped and the command that resumes it."""
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    command = shlex.join(["python", "run.py", *args, f"hydra.run.dir={run_dir}"])
+    return (
+        f"stopped after {stopped.next_step} steps ({signal.Signals(stopped.signal_number).name}); "
+        f"checkpoint in {run_dir}/checkpoints; resume with: {command}"
+    )
 
 
 def cli() -> None:

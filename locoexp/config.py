@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 from locoexp.algo.config import AlgoConfig
+from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind, HardwareConfig
@@ -44,6 +45,12 @@ class Config:
     eval_at_updates: list[int] = dataclasses.field(default_factory=list)
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
+    # Training-state checkpoint period (orbax, under <run_dir>/checkpoints); 0 = only at the end
+    # and when the run is stopped by SIGTERM/SIGINT, which always checkpoint.
+    checkpoint_every_steps: int = 25
+    # A run directory that holds a checkpoint: auto = resume from it (else start at step 0),
+    # never = refuse it, must = refuse a run directory without one.
+    resume: ResumeMode = ResumeMode.auto
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
 
     def __post_init__(self):
@@ -60,6 +67,11 @@ class Config:
         require(self.launch >= 0, f"launch={self.launch} must be >= 0 (a repeat index).")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
+        )
+        require(
+            self.checkpoint_every_steps >= 0,
+            f"checkpoint_every_steps={self.checkpoint_every_steps} must be >= 0 (0 = only at the "
+            "end and on SIGTERM/SIGINT).",
         )
         require(0 < self.eval_target <= 1, f"eval_target={self.eval_target} must be in (0, 1].")
         require(
@@ -89,6 +101,11 @@ class Config:
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
             )
         if kind is PlacementKind.da:
+            require(
+                self.resume is not ResumeMode.must,
+                "resume=must with placement=da: da runs do not checkpoint yet (co and "
+                "single_controller do); use resume=auto or placement=co.",
+            )
             self._check_da_split(hosts)
 
     def _check_da_split(self, hosts: int) -> None:

@@ -25,22 +25,27 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from locoexp.algo.config import AlgoConfig
+from locoexp.checkpoint.export import policy_directory
+from locoexp.checkpoint.session import RunSurvival
+from locoexp.checkpoint.state import config_digest, latest_saved_step
+from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped, StopSignals, stop_agreed
 from locoexp.config import Config
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
-from locoexp.metrics.run_output import RunFiles
+from locoexp.metrics.cost import resumed_elapsed_s
+from locoexp.metrics.run_output import RunFiles, RunOutput
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import PlacementKind
-from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
+from locoexp.placement.halves import Published, RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
 from locoexp.placement.layout import Layout, build_layout
-from locoexp.placement.loop import LoopPlan, drive
+from locoexp.placement.loop import LoopClock, LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
 from locoexp.placement.ray_hosts import DaLayout, load_from_object_store, publish_to_object_store
@@ -101,6 +106,8 @@ def run(
             coordinator_port=hw.coordinator_port,
             bind_address=hw.listen_address(multi_machine=False),
         )
+        if code in STOPPED_EXIT_CODES:  # every host checkpointed after a stop signal
+            raise RunStopped(latest_saved_step(run_dir) or 0, code - 128)
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -154,17 +161,138 @@ def check_run(config: Config) -> Config:
 
 def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
     """`co` and `single_controller`: this process's part of the run (every host calls it; the
-    leader writes the run directory)."""
+    leader writes the run directory). A run directory with a checkpoint resumes from it
+    (`resume`); a stop signal ends the run after a checkpoint of the last finished step
+    (`RunStopped`); a run whose final checkpoint exists trains nothing."""
     start_time = time.perf_counter()
     hosts, timer = HostGroup.current(), StepTimer()
-    task = build_checked_task(config)
-    transport = build_in_process(
-        config, task, build_schedule(config, len(task.train)), hosts, timer
-    )
-    with files.open(config.logger, steps=config.steps, leader=hosts.is_leader) as output:
+    with StopSignals() as signals:
+        survival = open_survival(config, Path(files.run_dir))
+        try:
+            if survival.completed:
+                return completed_summary(
+                    survival.run_dir, steps=config.steps, leader=hosts.is_leader
+                )
+            task = build_checked_task(config)
+            transport = build_in_process(
+                config, task, build_schedule(config, len(task.train)), hosts, timer
+            )
+            published = Published(0)
+            if survival.restored is not None:
+                state = survival.restore(transport.state())
+                published = transport.load_state(state, steps_done=survival.start_step)
+            hooks = RunHooks(config, transport, survival, signals, hosts, task.tokenizer)
+            return drive_surviving(config, files, hooks, timer, start_time, published)
+        finally:
+            survival.close()
+
+
+def drive_surviving(config, files, hooks, timer, start_time, published) -> dict[str, Any]:
+    """The loop from the restored step, records cut back to it, App. I.1's clock carried on."""
+    restored, hosts = hooks.survival.restored, hooks.hosts
+    leader = hosts.is_leader
+    with files.open(config.logger, steps=config.steps, leader=leader, survival=restored) as output:
+        hooks.output = output
+        offset = 0.0
+        if restored is not None:  # the clock over the lost part, agreed from the leader's file
+            local = resumed_elapsed_s(restored.elapsed_s, output.dropped) if output else 0.0
+            offset = float(hosts.allgather(np.array([local]))[0, 0])
+        hooks.resumed_at_s = offset
+        plan = dataclasses.replace(build_loop_plan(config), start_step=hooks.survival.start_step)
         return drive(
-            transport, build_loop_plan(config), timer=timer, output=output, start_time=start_time
+            hooks.transport,
+            plan,
+            timer=timer,
+            output=output,
+            start_time=start_time,
+            clock_offset_s=offset,
+            hooks=hooks,
+            extra_summary={"resume/attempts": 1 + (restored.attempts if restored else 0)},
+            earlier_eval_s=hooks.earlier_eval_s,
+            published=published,
         )
+
+
+class RunHooks:
+    """The loop's `SurvivalHooks` for `co` and `single_controller`: stop agreement across hosts,
+    checkpoints every `checkpoint_every_steps` and at the end, the policy exported at
+    `eval_at_updates` and the end (every host calls; process 0 writes)."""
+
+    def __init__(self, config, transport, survival, signals, hosts, tokenizer):
+        self.config, self.transport, self.survival = config, transport, survival
+        self.signals, self.hosts, self.tokenizer = signals, hosts, tokenizer
+        self.output: RunOutput | None = None
+        self.resumed_at_s = 0.0
+        restored = survival.restored
+        self.earlier_eval_s = restored.eval_total_s if restored else 0.0
+
+    def stop_requested(self, step: int) -> int | None:
+        return stop_agreed(
+            self.signals,
+            step=step,
+            allgather=self.hosts.allgather if self.hosts.count > 1 else None,
+            preemption_sync=self.config.hardware.chip is not ChipKind.cpu,
+        )
+
+    def saves_after(self, updates: int) -> bool:
+        return self.survival.saves_after(updates) or updates in self.survival.export_at
+
+    def checkpoint(self, updates: int, clock: LoopClock, *, stopping: bool) -> None:
+        steps = self.config.steps
+        self.survival.save(
+            self.transport.state(),
+            updates=updates,
+            elapsed_s=clock.elapsed_s(),
+            eval_total_s=self.earlier_eval_s + clock.eval_total_s,
+            scored=list(self.output.checkpoints) if self.output else [],
+            resumed_at_s=self.resumed_at_s,
+            wait=stopping or updates == steps,
+        )
+        if updates in self.survival.export_at or updates == steps:
+            final = None if updates == steps else updates
+            directory = policy_directory(self.survival.run_dir, updates=final)
+            self.transport.export(directory, model=self.config.model, tokenizer=self.tokenizer)
+
+    def last_checkpoint(self) -> str | None:
+        step = self.survival.checkpoints.latest_step()
+        return None if step is None else str(self.survival.checkpoints.directory / str(step))
+
+
+def open_survival(config: Config, run_dir: Path) -> RunSurvival:
+    return RunSurvival.open(
+        run_dir,
+        mode=config.resume,
+        every_steps=config.checkpoint_every_steps,
+        steps=config.steps,
+        seed=config.seed,
+        digest=config_digest(config_as_dict(config)),
+        export_at=frozenset(config.eval_at_updates),
+    )
+
+
+def completed_summary(run_dir: Path, *, steps: int, leader: bool) -> dict[str, Any]:
+    """A run started again after it finished: nothing is trained; its summary is returned."""
+    if leader:
+        print(
+            f"{run_dir} already holds all {steps} steps of this run (its final checkpoint); "
+            "nothing to train: raise steps= to continue it, or use a new hydra.run.dir.",
+            flush=True,
+        )
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def config_as_dict(config: Config) -> dict[str, Any]:
+    """The resolved config as plain JSON-able values (enums by value)."""
+
+    def plain(value):
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return getattr(value, "value", value)
+
+    return plain(config)
 
 
 def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:

@@ -6,8 +6,6 @@ checkpoints name in tokenizer_config.json) adds NFC and the pre-tokenizer, and t
 tokens are added at their ids with the `special` flags of Qwen3's tokenizer_config.json.
 """
 
-from pathlib import Path
-
 import pytest
 
 from locoexp.tokenizer import build_tokenizer
@@ -16,12 +14,13 @@ from locoexp.tokenizer.qwen3 import (
     CONTROL_TOKENS,
     ENDOFTEXT_ID,
     IM_END_ID,
+    QWEN3_CHAT_TEMPLATE_FILE,
     VOCAB_SIZE,
     Qwen3Tokenizer,
     qwen_rank_file,
 )
 
-TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen3_chat_template.jinja").read_text()
+TEMPLATE = QWEN3_CHAT_TEMPLATE_FILE.read_text()
 TEXTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.",
     "1234567890 3.14159 -42 1,000,000 $18 12:30",

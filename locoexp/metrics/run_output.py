@@ -3,11 +3,11 @@ placement: `metrics.jsonl` (one line per step and per evaluation), the logger (W
 the progress bar, and `summary.json` with cost-to-learn (Appendix I.1: chips x wall time to the
 first of two consecutive scored checkpoints that clear the target, evaluation excluded).
 
-A run started again in a run directory that holds records drops them first (`record.cut_back`),
-so every step appears once, and does not relog to the same W&B run the steps it already holds.
-`resume_from=<a checkpoint's next step>` keeps the records before that step and makes the summary
-and cost-to-learn cover every attempt (App. I.1's clock: `cost.resumed_elapsed_s`); no run passes
-it yet: training-state checkpoints and resume are not wired into the step loop (issue 13).
+A resumed run (`resume_from=<the checkpoint's next step>`) cuts `metrics.jsonl` back to the
+checkpoint before appending, so every step appears once (a run that starts over drops every
+earlier record); its summary and cost-to-learn cover the whole run (the scored checkpoints of
+every attempt; App. I.1's clock: `cost.resumed_elapsed_s`). The same W&B run continues without
+relogging the steps it already holds.
 
 It owns files and the logger only; it never starts processes or reads clocks of its own.
 """
@@ -119,8 +119,11 @@ class RunFiles:
     progress: bool
 
     @contextlib.contextmanager
-    def open(self, logger: LoggerConfig, *, steps: int, leader: bool) -> Iterator[Any]:
-        """The run's `RunOutput` on the leader (None elsewhere), closed however the run ends."""
+    def open(
+        self, logger: LoggerConfig, *, steps: int, leader: bool, survival=None
+    ) -> Iterator[Any]:
+        """The run's `RunOutput` on the leader (None elsewhere), closed however the run ends.
+        `survival`: the restored checkpoint's `RunProgress` of a resumed run, else None."""
         if not leader:
             yield None
             return
@@ -131,6 +134,8 @@ class RunFiles:
             sweep_name=self.sweep_name,
             steps=steps,
             progress=self.progress,
+            resume_from=survival.next_step if survival else None,
+            scored=survival.scored if survival else (),
         )
         try:
             yield output

@@ -9,13 +9,18 @@ by one process over every device: it admits all requests serially and its engine
 lockstep program across all devices (`layout.py`: one process holding every device).
 
 Every host runs `loop.StepLoop` with this transport; what crosses hosts is `multihost.py`'s.
+A run that survives reaches the trainer's state through `state`/`load_state` (a restore also
+publishes the restored weights to this host's engine) and writes the policy with `export`.
 """
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
+from locoexp.checkpoint.export import export_policy
 from locoexp.metrics.timing import StepTimer
+from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
     HalfReport,
     Published,
@@ -57,3 +62,18 @@ class InProcess:
         correct, scored = self.rollout.evaluate(published, limit=limit)
         totals = self.hosts.allgather(np.array([correct, scored])).sum(axis=0)
         return float(totals[0] / max(totals[1], 1))
+
+    def state(self) -> dict:
+        """The trainer's arrays a training-state checkpoint holds (`Trainer.state`)."""
+        return self.trainer.trainer.state()
+
+    def load_state(self, state: dict, *, steps_done: int) -> Published:
+        """Continue from a restored `state()` after `steps_done` updates, and publish those
+        weights to this host's engine (what the next batch samples with)."""
+        self.trainer.trainer.load_state(state, steps_done=steps_done)
+        return self.trainer.publish(self.trainer.trainer)
+
+    def export(self, directory: Path, *, model: ModelConfig, tokenizer) -> Path | None:
+        """The policy as a Hugging Face directory (every host calls; process 0 writes)."""
+        trainer = self.trainer.trainer
+        return export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)

@@ -109,12 +109,16 @@ def _process_main(
         import jax  # noqa: PLC0415
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    from locoexp.checkpoint.stop import RunStopped  # noqa: PLC0415
     from locoexp.errors import ConfigError  # noqa: PLC0415
 
     # On failure, exit at once: a normal exit would first wait on jax.distributed's shutdown
     # barrier for the hosts that are still running.
     try:
         target(*args)
+    except RunStopped as stopped:  # every host checkpointed the same step; the parent reports
+        sys.stdout.flush()
+        os._exit(stopped.exit_code)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         os._exit(2)
@@ -156,6 +160,7 @@ def launch_local_processes(
     ]
     for process in processes:
         process.start()
+    forward = _forward_stop_signals(processes)
     try:
         while True:
             codes = [p.exitcode for p in processes]
@@ -166,7 +171,29 @@ def launch_local_processes(
                 return 0
             time.sleep(poll_s)
     finally:
+        forward.uninstall()
         _stop(processes)
+
+
+class _forward_stop_signals:  # noqa: N801  (used like a function)
+    """While the hosts run, SIGTERM/SIGINT to this parent are passed on to every host as SIGTERM
+    (each checkpoints the same step and exits with 128 + the signal); the parent waits for them."""
+
+    def __init__(self, processes: list):
+        self.processes = processes
+        self.previous = {
+            n: signal.signal(n, self._forward) for n in (signal.SIGTERM, signal.SIGINT)
+        }
+
+    def _forward(self, number: int, frame) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+
+    def uninstall(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def _stop(processes: list) -> None:

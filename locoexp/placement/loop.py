@@ -23,6 +23,13 @@ The loop owns the bookkeeping shared by every placement: the evaluation schedule
 emission of step t's record (it crosses hosts, and under `da` waits for batch t+1's overlap,
 during step t+1), evaluation wall time kept off the clock, the summary and cost-to-learn. It never
 decides what a phase does, how data moves, or what a run writes (`metrics.run_output` does).
+
+Runs that survive (`co`, `single_controller`; `da` passes no `SurvivalHooks`): a resumed run
+starts at `LoopPlan.start_step` with its clock at the restored elapsed time (`clock_offset_s`,
+App. I.1). After step t (and its evaluation), every host asks the hooks whether a stop signal
+arrived (agreed across hosts) or a checkpoint is due; either flushes step t's record first, then
+the hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved and where is
+`locoexp.checkpoint`'s; the loop only says when.
 """
 
 import dataclasses
@@ -32,12 +39,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from locoexp.checkpoint.stop import RunStopped
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput, summarize_steps
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.trainer.divergence import require_finite_step
+
+NOTHING_PUBLISHED = Published(0)  # the initial weights, before any update
 
 
 class Transport(Protocol):
@@ -67,6 +77,32 @@ class RecordSink(Protocol):
     def on_eval(self, checkpoint: Checkpoint, *, seconds: float) -> None: ...
 
 
+class SurvivalHooks(Protocol):
+    """Stops and checkpoints, called on every host after each step (`locoexp.main`'s)."""
+
+    def stop_requested(self, step: int) -> int | None: ...  # the agreed signal number
+
+    def saves_after(self, updates: int) -> bool: ...
+
+    def checkpoint(self, updates: int, clock: "LoopClock", *, stopping: bool) -> None: ...
+
+    def last_checkpoint(self) -> str | None: ...  # where the newest saved one is, for messages
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoopClock:
+    """Appendix I.1's clock: wall time since job start, evaluation excluded. A resumed run starts
+    it at `offset_s` (`metrics.cost.resumed_elapsed_s`); `eval_total_s` is this attempt's."""
+
+    start_time: float
+    offset_s: float = 0.0
+    eval_total_s: float = 0.0
+
+    def elapsed_s(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        return self.offset_s + now - self.start_time - self.eval_total_s
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoopPlan:
     steps: int
@@ -81,6 +117,7 @@ class LoopPlan:
     chips: int
     chip_hour_price_usd: float
     warmup_steps: int = 1
+    start_step: int = 0  # a resumed run's first step (the restored checkpoint's next step)
 
     def evaluates_after(self, updates: int) -> bool:
         every = self.eval_every_steps
@@ -98,19 +135,36 @@ def drive(
     timer: StepTimer,
     output: RunOutput | None,
     start_time: float,
+    clock_offset_s: float = 0.0,
+    hooks: SurvivalHooks | None = None,
+    extra_summary: dict | None = None,
+    earlier_eval_s: float = 0.0,
+    published: Published = NOTHING_PUBLISHED,
 ) -> dict[str, Any]:
     """Run the loop; the leader's `output` gets every record and `summary.json` (with
-    cost-to-learn); returns the summary (on every host). The caller closes `output`."""
-    loop = StepLoop(transport, plan, timer=timer, output=output, start_time=start_time)
-    summary = summarize(loop.run(), staleness=plan.staleness)
+    cost-to-learn); returns the summary (on every host). The caller closes `output`.
+    `earlier_eval_s`: evaluation seconds of a resumed run's earlier attempts (for `wall_s`);
+    `published`: the weights the first batch samples with (a resumed run's restored ones)."""
+    loop = StepLoop(
+        transport,
+        plan,
+        timer=timer,
+        output=output,
+        start_time=start_time,
+        clock_offset_s=clock_offset_s,
+        hooks=hooks,
+        published=published,
+    )
+    summary = {**summarize(loop.run(), staleness=plan.staleness), **(extra_summary or {})}
     if output is None:
         return summary
+    clock = loop.clock
     return output.finish(
         summary,
         target=plan.eval_target,
         chips=plan.chips,
         chip_hour_price_usd=plan.chip_hour_price_usd,
-        wall_s=time.perf_counter() - start_time,
+        wall_s=clock.elapsed_s() + clock.eval_total_s + earlier_eval_s,
     )
 
 
@@ -125,12 +179,15 @@ class StepLoop:
         timer: StepTimer,
         output: RecordSink | None,
         start_time: float,
+        clock_offset_s: float = 0.0,
+        hooks: SurvivalHooks | None = None,
+        published: Published = NOTHING_PUBLISHED,
     ):
         self.transport, self.plan, self.timer = transport, plan, timer
-        self.output, self.start_time = output, start_time
+        self.output, self.hooks = output, hooks
+        self.clock = LoopClock(start_time=start_time, offset_s=clock_offset_s)
         self.records: list[dict] = []
-        self.eval_total_s = 0.0
-        self.published = Published(0)
+        self.published = published
         self.pending = None  # the next batch's rollout, once started
         self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
 
@@ -138,13 +195,15 @@ class StepLoop:
         try:
             if self.plan.staleness:
                 self.pending = self.transport.start_rollout(0, self.published)
-            for step in range(self.plan.steps):
-                if step == self.plan.warmup_steps and self.plan.freeze_gc:
+            first = self.plan.start_step
+            for step in range(first, self.plan.steps):
+                if step == first + self.plan.warmup_steps and self.plan.freeze_gc:
                     freeze_gc()
                 self._step(step)
                 if self.plan.evaluates_after(step + 1):
                     self._emit(None)
                     self._evaluate(step)
+                self._survive(step)
             self._emit(None)
         finally:
             if self.plan.freeze_gc:
@@ -166,14 +225,15 @@ class StepLoop:
             with timer.phase("log"):
                 self._emit(results[0].exchanged, next_reports=reports)
             # after step t-1's record is out; every host sees the same (global) loss
-            require_finite_step(results[0].report.metrics, step=step)
+            saved = self.hooks.last_checkpoint() if self.hooks else None
+            require_finite_step(results[0].report.metrics, step=step, last_checkpoint=saved)
         self.published = results[0].published
         record = {
             "step": step,
             **combine_host_metrics([r.metrics for r in reports]),
             **combine_host_metrics([r.report.metrics for r in results]),
             **timer.metrics(),
-            "time/elapsed_s": time.perf_counter() - self.start_time - self.eval_total_s,
+            "time/elapsed_s": self.clock.elapsed_s(),
         }
         self.previous = (record, results)
 
@@ -195,17 +255,30 @@ class StepLoop:
         if self.output is not None:
             self.output.export(record)
 
+    def _survive(self, step: int) -> None:
+        """After step `step`: a checkpoint when one is due or a stop was asked (step `step`'s
+        record is written first), then `RunStopped` on a stop."""
+        if self.hooks is None:
+            return
+        updates, stop = step + 1, self.hooks.stop_requested(step)
+        if stop is None and not self.hooks.saves_after(updates):
+            return
+        self._emit(None)
+        self.hooks.checkpoint(updates, self.clock, stopping=stop is not None)
+        if stop is not None:
+            raise RunStopped(updates, stop)
+
     def _evaluate(self, step: int) -> None:
         """Held-out accuracy of the newest weights; its wall time is kept off the step clock."""
         start = time.perf_counter()
         accuracy = self.transport.evaluate(self.published, limit=self.plan.eval_limit)
         seconds = time.perf_counter() - start
         if self.output is not None:
-            elapsed = start - self.start_time - self.eval_total_s
+            elapsed = self.clock.elapsed_s(start)
             self.output.on_eval(
                 Checkpoint(step=step, elapsed_s=elapsed, score=accuracy), seconds=seconds
             )
-        self.eval_total_s += seconds
+        self.clock.eval_total_s += seconds
 
 
 def freeze_gc() -> None:

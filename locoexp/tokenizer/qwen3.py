@@ -34,6 +34,8 @@ CONTROL_TOKENS = (
 )  # fmt: skip
 SPECIAL_IDS = {token: NUM_RANKS + i for i, token in enumerate(CONTROL_TOKENS)}
 VOCAB_SIZE = NUM_RANKS + len(CONTROL_TOKENS)  # 151669 token ids
+# Qwen3's chat template as its tokenizer_config.json ships it: written into exported checkpoints.
+QWEN3_CHAT_TEMPLATE_FILE = Path(__file__).with_name("qwen3_chat_template.jinja")
 MODEL_VOCAB_SIZE = 151936  # Qwen3 config.json vocab_size: the embedding is padded past VOCAB_SIZE
 ENDOFTEXT_ID = SPECIAL_IDS["<|endoftext|>"]  # 151643, the pad token
 IM_START_ID = SPECIAL_IDS["<|im_start|>"]  # 151644

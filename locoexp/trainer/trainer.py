@@ -289,6 +289,22 @@ class Trainer:
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
+    def state(self) -> dict:
+        """The arrays a training-state checkpoint holds: parameters, AdamW state, and the KL
+        reference (the initial policy) when the loss has a KL term."""
+        state = {"params": self.params, "opt_state": self.opt_state}
+        if self.reference is not None:
+            state["reference"] = self.reference
+        return state
+
+    def load_state(self, state: dict, *, steps_done: int) -> None:
+        """Continue from `state()` of an earlier trainer after `steps_done` updates (arrays
+        already placed like ours)."""
+        self.params, self.opt_state = state["params"], state["opt_state"]
+        self.steps_done = steps_done
+        if self.reference is not None:
+            self.reference = state["reference"]
+
     def loss_and_grads(self, batch: PackedBatch):
         """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
         return jax.jit(self._loss_and_grads)(self.params, self.device_batch(batch), self.reference)

@@ -1,0 +1,58 @@
+"""The trained policy out of a run: a Hugging Face checkpoint directory.
+
+`export_policy` writes `config.json`, `model.safetensors` (sharded with an index when large) and
+the run's tokenizer files, which `transformers.AutoModelForCausalLM.from_pretrained`, vLLM and
+`model.checkpoint=<dir>` all load. Parameters are gathered from every process's shards (all
+processes call it); process 0 writes into a temporary directory and renames it into place, so a
+directory that exists is complete.
+
+Where exports go in a run directory: `policy/final` after the last step and
+`policy/update_<n>` for each scored checkpoint of `eval_at_updates` (the paper's Table I3 scores
+the policy after n updates). This module must not decide when to export.
+"""
+
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from locoexp.model.checkpoint import save_checkpoint
+from locoexp.model.config import ModelConfig
+from locoexp.tokenizer.files import write_tokenizer_files
+
+POLICY_DIR = "policy"
+
+
+def policy_directory(run_dir: str | Path, *, updates: int | None) -> Path:
+    """`<run_dir>/policy/final` (updates=None) or `<run_dir>/policy/update_<updates>`."""
+    name = "final" if updates is None else f"update_{updates:06d}"
+    return Path(run_dir) / POLICY_DIR / name
+
+
+def gather_to_host(params) -> object:
+    """Every parameter as a full numpy array on every process (a collective when sharded across
+    processes; every process must call it)."""
+    if all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+        return jax.tree.map(np.asarray, params)
+    return multihost_utils.process_allgather(params, tiled=True)
+
+
+def export_policy(
+    params, graphdef, model: ModelConfig, tokenizer, directory: str | Path
+) -> Path | None:
+    """Write the policy `nnx.merge(graphdef, params)` as a Hugging Face directory; returns the
+    directory on process 0, None elsewhere."""
+    host_params = gather_to_host(params)
+    if jax.process_index() != 0:
+        return None
+    directory = Path(directory)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
+    write_tokenizer_files(tokenizer, partial)
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)
+    return directory

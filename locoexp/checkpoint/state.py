@@ -1,0 +1,185 @@
+"""Training-state checkpoints of one run, with orbax's `CheckpointManager`.
+
+A checkpoint at step k is everything a run needs to continue with step k as if it had never
+stopped: the sharded arrays (policy parameters, AdamW state, the KL reference when there is one)
+and `RunProgress`, a small JSON record of the host-side state (the next step, which is also the
+prompt schedule's position, the seed every PRNG key derives from, the cost-to-learn clock and
+scored checkpoints, and under `placement=da` the published weight version and the batch ledger).
+
+Multi-host: every process calls `save` and `restore` with its own global arrays; orbax writes and
+reads each process's addressable shards and process 0 writes the JSON. Saves are asynchronous:
+`save` returns once the arrays are copied off the devices, the files are written in the
+background, and a checkpoint becomes visible (`latest_step`) only once complete, so a process
+killed mid-save leaves the previous checkpoint in place.
+
+This module must not decide when to save or what a resumed run does with its records; the step
+loop does.
+"""
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from locoexp.checkpoint.config import ResumeMode
+from locoexp.errors import ConfigError
+from locoexp.metrics.cost import Checkpoint
+
+CHECKPOINT_DIR = "checkpoints"  # under the run directory
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunProgress:
+    """The host-side state of a run after `next_step` updates (steps 0..next_step-1 done)."""
+
+    # The next step to run. PromptSchedule.batch(t) and every sampling key
+    # (fold_in(key(seed), t, host)) are pure functions of (seed, t), so (seed, next_step) restores
+    # the prompt-schedule position and the RNG state exactly.
+    next_step: int
+    seed: int
+    # Appendix I.1's clock: wall seconds from job start to the end of step next_step-1, evaluation
+    # excluded, summed over every attempt of the run (see `lost_wall_s`).
+    elapsed_s: float
+    eval_total_s: float  # evaluation wall seconds so far (kept off the clock)
+    scored: tuple[Checkpoint, ...] = ()  # the scored checkpoints so far, for cost-to-learn
+    attempts: int = 1  # processes that ran this run (1 + resumes)
+    lost_wall_s: float = 0.0  # wall seconds of steps redone after a loss (counted, App. I.1)
+    weight_version: int | None = None  # placement=da: updates in the published weights
+    ledger: tuple[dict, ...] = ()  # placement=da: the BatchLedger's rows so far
+    config_digest: str = ""  # the run's config without the keys a resume may change
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["scored"] = [dataclasses.asdict(c) for c in self.scored]
+        data["ledger"] = list(self.ledger)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunProgress":
+        data = dict(data)
+        data["scored"] = tuple(Checkpoint(**c) for c in data["scored"])
+        data["ledger"] = tuple(data["ledger"])
+        return cls(**data)
+
+
+def abstract_like(tree: Any) -> Any:
+    """Shapes, dtypes and shardings of live arrays: what a restore fills in."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class RunCheckpoints:
+    """The checkpoints under `<run_dir>/checkpoints`, one orbax step directory per saved step."""
+
+    def __init__(self, run_dir: str | Path, *, max_to_keep: int = 2, async_save: bool = True):
+        self.directory = Path(run_dir).resolve() / CHECKPOINT_DIR
+        # orbax reports every save phase at INFO through absl, which Hydra's root logger prints
+        logging.getLogger("absl").setLevel(logging.WARNING)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("arrays", "progress")
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (= its `next_step`), or None."""
+        return self._manager.latest_step()
+
+    def save(self, progress: RunProgress, arrays: Any, *, wait: bool = False) -> None:
+        """Checkpoint `arrays` (any pytree of global arrays) and `progress` at progress.next_step.
+        Every process must call it; with `wait` it returns once the files are on disk."""
+        args = ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays), progress=ocp.args.JsonSave(progress.to_json())
+        )
+        self._manager.save(progress.next_step, args=args, force=True)
+        if wait:
+            self._manager.wait_until_finished()
+
+    def restore(self, step: int, like: Any) -> tuple[RunProgress, Any]:
+        """The checkpoint at `step`, its arrays placed like the live arrays `like`."""
+        args = ocp.args.Composite(
+            arrays=ocp.args.StandardRestore(abstract_like(like)),
+            progress=ocp.args.JsonRestore(),
+        )
+        restored = self._manager.restore(step, args=args)
+        return RunProgress.from_json(restored.progress), restored.arrays
+
+    def read_progress(self, step: int) -> RunProgress:
+        """Only the JSON part of the checkpoint at `step` (no arrays are read)."""
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
+        )
+        return RunProgress.from_json(restored.progress)
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def resume_step(mode: ResumeMode, checkpoints: RunCheckpoints) -> int | None:
+    """The step to resume from under `resume=mode`, or None to start at step 0."""
+    latest = checkpoints.latest_step()
+    match mode:
+        case ResumeMode.auto:
+            return latest
+        case ResumeMode.never:
+            if latest is not None:
+                raise ConfigError(
+                    f"resume=never but {checkpoints.directory} holds a checkpoint at step "
+                    f"{latest}; use a new hydra.run.dir, delete it, or set resume=auto."
+                )
+            return None
+        case ResumeMode.must:
+            if latest is None:
+                raise ConfigError(
+                    f"resume=must but {checkpoints.directory} holds no checkpoint; point "
+                    "hydra.run.dir at the run to resume or set resume=auto."
+                )
+            return latest
+
+
+# Keys a resumed run may change: how long it runs, how it checkpoints and logs, not what it trains.
+RESUMABLE_KEYS = ("steps", "resume", "checkpoint_every_steps", "logger", "dry_run", "hydra")
+
+
+def config_digest(resolved: dict[str, Any]) -> str:
+    """A stable text of the resolved config without `RESUMABLE_KEYS`, to compare on resume."""
+    kept = {k: v for k, v in resolved.items() if k not in RESUMABLE_KEYS}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def check_same_config(progress: RunProgress, digest: str, directory: Path) -> None:
+    """Refuse to resume a checkpoint written under a different config, naming the keys."""
+    if progress.config_digest == digest:
+        return
+    before, now = json.loads(progress.config_digest or "{}"), json.loads(digest)
+    keys = sorted(_differing_keys(before, now, prefix=""))
+    raise ConfigError(
+        f"{directory} holds a checkpoint of a run with different settings ({', '.join(keys)}); "
+        "resume with the same config, or use a new hydra.run.dir or resume=never."
+    )
+
+
+def _differing_keys(a: Any, b: Any, *, prefix: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in set(a) | set(b):
+            out += _differing_keys(a.get(key), b.get(key), prefix=f"{prefix}{key}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def latest_saved_step(run_dir: str | Path) -> int | None:
+    """The newest complete checkpoint's step, from the directory names alone (no jax, no orbax
+    manager: the launcher's parent process uses it). Orbax renames a step directory to its bare
+    number only once it is complete."""
+    directory = Path(run_dir) / CHECKPOINT_DIR
+    steps = [int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir()]
+    return max(steps, default=None)

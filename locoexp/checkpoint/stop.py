@@ -1,0 +1,93 @@
+"""Stopping a run cleanly on SIGTERM or SIGINT: finish the running step, checkpoint it, say how
+to resume, exit without a traceback.
+
+`StopSignals` replaces the default handlers while a run is live: a signal only sets a flag (no
+KeyboardInterrupt unwinding through jitted code or collectives), and the step loop asks
+`stop_agreed` at the end of each step. Hosts must stop after the same step so that they save the
+same checkpoint: with several hosts the flags are combined with one small all-gather; on TPU,
+JAX's preemption notice (`multihost_utils.reached_preemption_sync_point`) also counts, which
+every host reaches at the same step. A second signal while stopping leaves the run at once
+(unless it comes within `REPEAT_GRACE_S` of the first: Ctrl-C reaches every local host process
+directly and the launcher forwards it too, and that is still one request).
+
+This module never saves anything itself and never decides what the loop does after a stop.
+"""
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_GRACE_S = 2.0
+STOPPED_EXIT_CODES = tuple(128 + int(n) for n in STOP_SIGNALS)  # a host that stopped cleanly
+
+
+class RunStopped(Exception):  # noqa: N818  (a stop is the normal end of a stopped run)
+    """The run stopped on a signal after `next_step` steps; a checkpoint holds them."""
+
+    def __init__(self, next_step: int, signal_number: int):
+        super().__init__(f"stopped by {signal.Signals(signal_number).name} after {next_step} steps")
+        self.next_step = next_step
+        self.signal_number = signal_number
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number  # the shell's convention for a signal's exit status
+
+
+class StopSignals:
+    """SIGTERM/SIGINT set `received` (the first signal's number) while installed."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._received_at = 0.0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "StopSignals":
+        for number in STOP_SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number: int, frame) -> None:
+        if self.received is None:
+            self.received, self._received_at = number, time.monotonic()
+        elif time.monotonic() - self._received_at > REPEAT_GRACE_S:  # leave now, no checkpoint
+            sys.stderr.write("stopping at once (second signal); no checkpoint of this step\n")
+            sys.stderr.flush()
+            raise SystemExit(128 + number)
+
+    def __enter__(self) -> "StopSignals":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+
+def stop_agreed(
+    signals: StopSignals,
+    *,
+    step: int,
+    allgather: Callable[[np.ndarray], np.ndarray] | None,
+    preemption_sync: bool,
+) -> int | None:
+    """After step `step`: the signal number every host stops on, or None to continue.
+
+    `allgather`: the hosts' all-gather (None for one host); `preemption_sync`: ask JAX whether
+    the TPU slice is being preempted (every host reaches the same answer at the same step)."""
+    local = signals.received or 0
+    if preemption_sync:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        if multihost_utils.reached_preemption_sync_point(step):
+            local = local or int(signal.SIGTERM)
+    if allgather is not None:
+        local = int(allgather(np.array([local], np.int64)).max())
+    return local or None
