@@ -207,7 +207,8 @@ def drive_surviving(config, files, hooks, timer, start_time, published) -> dict[
             start_time=start_time,
             clock_offset_s=offset,
             hooks=hooks,
-            extra_summary={"resume/attempts": 1 + (restored.attempts if restored else 0)},
+            # a resumed run's summary says over how many attempts (a fresh run's keys unchanged)
+            extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
         )
