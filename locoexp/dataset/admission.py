@@ -1,0 +1,68 @@
+"""Admission as the paper defines it (Section 4.3, Figure 7a, App. C Eq. 3): the admitting
+process turns every request, each of the G samples of each prompt, into engine input one at a
+time (chat template, tokenization, prompt cap) and submits it to the engine's request queue.
+
+Eq. 3: d_adm = alpha0 + alpha1 * n for one process admitting n requests, or
+max_h(alpha0 + alpha1 * n_h) when each host h admits its own n_h. Which process calls
+`admit_requests` with which examples is the placement's business (the single controller: all
+P * G requests in one process; `co` and `da` rollout hosts: their own share); this module only
+does the per-request work and records what it did. It must not decide placement or touch devices.
+
+`pretokenized=True` (`opt.pretokenize_prompts`) reuses the tokens made when the task loaded, so
+each request costs one queue submission; that is a lever beyond the paper, off by default.
+"""
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+
+from locoexp.dataset.task import Example, Task
+from locoexp.rollout.requests import Request, RequestQueue
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionRecord:
+    """What one admitting process did in one step (the records say which admission ran)."""
+
+    requests: int
+    pretokenized: bool
+    pid: int  # the admitting process
+    seconds: float  # perf_counter interval of the whole admission
+    first_submitted_ns: int  # Unix ns of the first and last submission (0 when none)
+    last_submitted_ns: int
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "timing/admission_s": self.seconds,
+            "admission/requests": self.requests,
+            "admission/pretokenized": float(self.pretokenized),
+        }
+
+
+def admit_requests(
+    task: Task,
+    examples: Sequence[Example],
+    *,
+    group_size: int,
+    queue: RequestQueue,
+    pretokenized: bool,
+) -> AdmissionRecord:
+    """Submit the G requests of every example to `queue`, one request at a time, in order
+    (the G samples of a prompt stay contiguous: GRPO groups)."""
+    start = time.perf_counter()
+    first = last = 0
+    for example in examples:
+        for sample in range(group_size):
+            tokens = example.prompt_tokens if pretokenized else task.encode_prompt(example)
+            request = Request(prompt_tokens=tokens, example_id=example.id, sample=sample)
+            queue.put(request)
+            first, last = first or request.submitted_ns, request.submitted_ns
+    return AdmissionRecord(
+        requests=len(examples) * group_size,
+        pretokenized=pretokenized,
+        pid=os.getpid(),
+        seconds=time.perf_counter() - start,
+        first_submitted_ns=first,
+        last_submitted_ns=last,
+    )
