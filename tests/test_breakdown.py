@@ -123,3 +123,20 @@ def test_live_capture_writes_tensorboard_and_perfetto_traces(tmp_path):
     b = step_breakdown(load_trace(path), 3)
     assert b.devices == 1 and b.compute_s > 0 and b.network_s == 0
     assert b.compute_s + b.host_s == pytest.approx(b.step_s)
+
+
+def test_step_profiler_captures_only_its_steps(tmp_path):
+    from locoexp.metrics.breakdown import StepProfiler
+
+    profiler = StepProfiler(tmp_path, frozenset({1}), role="rollout", index=2)
+    program = jax.jit(lambda x: (x * 2).sum())
+    for step in range(3):
+        with profiler.capture(step):
+            program(jnp.ones(64)).block_until_ready()
+    assert [p.name for p in (tmp_path / "profile").iterdir()] == ["step1"]
+    assert profiler.log_dir(1) == tmp_path / "profile" / "step1" / "rollout2"
+    assert profiler.metrics(0) == {}
+    shares = profiler.metrics(1)
+    assert sum(shares[f"breakdown/{k}_share"] for k in ("compute", "network", "host")) == (
+        pytest.approx(1.0)
+    )

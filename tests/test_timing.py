@@ -65,3 +65,16 @@ def test_reduce_over_hosts_gives_max_and_mean():
 def test_reduce_over_hosts_refuses_hosts_with_different_keys():
     with pytest.raises(ValueError, match="host 1"):
         reduce_over_hosts([{"a": 1.0}, {"b": 1.0}])
+
+
+def test_elapsed_inside_a_step_grows_and_is_refused_outside():
+    timer = StepTimer()
+    with pytest.raises(RuntimeError):
+        timer.elapsed_s()
+    with timer.step():
+        with timer.phase("admission"):
+            time.sleep(0.01)
+        head = timer.elapsed_s()
+        with timer.phase("generation"):
+            time.sleep(0.01)
+    assert 0.01 <= head <= timer.metrics()["timing/step_s"] - 0.01

@@ -80,6 +80,32 @@ def profile_step(log_dir: Path, step: int) -> Iterator[None]:
         jax.profiler.stop_trace()
 
 
+@dataclasses.dataclass(frozen=True)
+class StepProfiler:
+    """Which steps this process profiles and where their traces go:
+    `<run_dir>/profile/step<t>/<role><index>/` (one TensorBoard run per step and process)."""
+
+    run_dir: Path
+    steps: frozenset[int]
+    role: str = "host"  # "host" (co, single_controller); "rollout" / "trainer" sides of da
+    index: int = 0
+
+    def log_dir(self, step: int) -> Path:
+        return Path(self.run_dir) / "profile" / f"step{step}" / f"{self.role}{self.index}"
+
+    def capture(self, step: int) -> contextlib.AbstractContextManager:
+        """A trace of the enclosed step if it is profiled, else nothing."""
+        if step not in self.steps:
+            return contextlib.nullcontext()
+        return profile_step(self.log_dir(step), step)
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """`breakdown/*` of a profiled step (empty for others); parse it after the step."""
+        if step not in self.steps:
+            return {}
+        return step_breakdown(load_trace(trace_file(self.log_dir(step))), step).metrics()
+
+
 def trace_file(log_dir: Path) -> Path:
     """The `.xplane.pb` a `profile_step` capture wrote under `log_dir` (the newest)."""
     files = sorted(Path(log_dir).glob("plugins/profile/*/*.xplane.pb"))

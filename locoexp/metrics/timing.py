@@ -54,6 +54,13 @@ class StepTimer:
             self._phases_s[name] = self._phases_s.get(name, 0.0) + time.perf_counter() - start
             self._in_phase = None
 
+    def elapsed_s(self) -> float:
+        """Seconds since the open step started (Figure 5's head interval is this, read when
+        generation starts)."""
+        if self._step_start is None:
+            raise RuntimeError("StepTimer.elapsed_s() must run inside StepTimer.step().")
+        return time.perf_counter() - self._step_start
+
     def metrics(self) -> dict[str, float]:
         """The finished step's `timing/*` record (seconds)."""
         if self._step_s is None:
