@@ -38,10 +38,11 @@ class CountingTask:
 def test_every_request_is_submitted_in_group_order_with_the_load_time_tokens(gsm8k, pretokenized):
     examples, queue = list(gsm8k.train[:8]), RequestQueue()
     counting = CountingTask(gsm8k)
-    record = admit_requests(
+    prompts, record = admit_requests(
         counting, examples, group_size=4, queue=queue, pretokenized=pretokenized
     )
     requests = queue.drain()
+    assert all(p is r.prompt_tokens for p, r in zip(prompts, requests, strict=True))
     assert len(queue) == 0 and record.requests == len(requests) == 32
     assert [(r.example_id, r.sample) for r in requests] == [
         (e.id, g) for e in examples for g in range(4)
@@ -58,7 +59,7 @@ def test_every_request_is_submitted_in_group_order_with_the_load_time_tokens(gsm
 
 def test_admission_is_serial_in_the_calling_process(gsm8k):
     queue = RequestQueue()
-    record = admit_requests(
+    _, record = admit_requests(
         gsm8k, list(gsm8k.train[:16]), group_size=8, queue=queue, pretokenized=False
     )
     stamps = [r.submitted_ns for r in queue.drain()]

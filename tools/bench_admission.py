@@ -8,7 +8,9 @@ tokenization, prompt cap and submission to a request queue, one request at a tim
   requests (its share from `split_across_hosts`, as the step does), in parallel;
 and Eq. 3 is fitted per stack, d_adm = alpha0 + alpha1 * n, from three request counts
 (P = 32, 64, 128 at G = 16; for `co`, n is the host's own share). Each figure is the median over
-`--steps` steps after one warm-up step; `--pretokenized` adds the `opt.pretokenize_prompts` arm.
+`--steps` steps after one warm-up step, arms interleaved step by step; both wall time (what a
+step waits for) and the admitting thread's CPU time (the work, apart from waiting for a core) are
+reported. `--pretokenized` adds the `opt.pretokenize_prompts` arm.
 
     python tools/bench_admission.py [--steps 5] [--hosts 2 4] [--json out.json]
 
@@ -47,103 +49,124 @@ def gsm8k_config() -> DatasetConfig:
     )
 
 
-def admit_steps(task, prompts: int, host: int, hosts: int, steps: int, pretokenized: bool):
-    """Seconds of this host's admission at each of `steps` + 1 steps (the first is warm-up)."""
+def admit_step(task, prompts: int, step: int, host: int, hosts: int, pretokenized: bool):
+    """(wall s, CPU s) of this host's admission of batch `step` with `prompts` prompts."""
     schedule = PromptSchedule(len(task.train), prompts, seed=0, batches_per_pass=None, passes=1)
-    seconds = []
-    for step in range(steps + 1):
-        indices = schedule.batch(step)
-        lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
-        mine = split_across_hosts(indices, lengths, hosts, balance=False)[host]
-        queue = RequestQueue()
-        record = admit_requests(
-            task,
-            [task.train[i] for i in mine],
-            group_size=GROUP,
-            queue=queue,
-            pretokenized=pretokenized,
-        )
-        assert len(queue.drain()) == record.requests == len(mine) * GROUP
-        seconds.append(record.seconds)
-    return seconds[1:]
+    indices = schedule.batch(step)
+    lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
+    mine = split_across_hosts(indices, lengths, hosts, balance=False)[host]
+    queue = RequestQueue()
+    _, record = admit_requests(
+        task,
+        [task.train[i] for i in mine],
+        group_size=GROUP,
+        queue=queue,
+        pretokenized=pretokenized,
+    )
+    assert len(queue.drain()) == record.requests == len(mine) * GROUP
+    return record.seconds, record.cpu_seconds
 
 
-def host_process(host, hosts, prompts, steps, pretokenized, barrier, results):
+def host_process(host, barriers, commands, results):
+    """A `co` host: loads the task once, then admits its share whenever told to, starting
+    together with the other hosts of that configuration (a barrier)."""
     task = build_task(gsm8k_config())
-    barrier.wait()  # every host has loaded its task: admission starts together
-    results[host] = admit_steps(task, prompts, host, hosts, steps, pretokenized)
+    results.put(("ready", host))
+    while (command := commands.get()) is not None:
+        hosts, prompts, step, pretokenized = command
+        barriers[hosts].wait()
+        results.put((host, admit_step(task, prompts, step, host, hosts, pretokenized)))
 
 
-def co_hosts(prompts: int, hosts: int, steps: int, pretokenized: bool) -> list[list[float]]:
-    """Per host, its admission seconds per step, admitted by `hosts` processes at once."""
-    context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager:
-        barrier, results = manager.Barrier(hosts), manager.dict()
-        processes = [
-            context.Process(
-                target=host_process,
-                args=(h, hosts, prompts, steps, pretokenized, barrier, results),
-            )
-            for h in range(hosts)
+class CoHosts:
+    """`max(hosts)` persistent host processes; `admit` runs one step on the first `hosts`."""
+
+    def __init__(self, host_counts: list[int]):
+        context = multiprocessing.get_context("spawn")
+        self.size = max(host_counts)
+        barriers = {h: context.Barrier(h) for h in host_counts}
+        self.commands = [context.Queue() for _ in range(self.size)]
+        self.results = context.Queue()
+        self.processes = [
+            context.Process(target=host_process, args=(h, barriers, self.commands[h], self.results))
+            for h in range(self.size)
         ]
-        for p in processes:
-            p.start()
-        for p in processes:
-            p.join()
-            if p.exitcode != 0:
-                raise RuntimeError(f"admission host process exited with {p.exitcode}")
-        return [list(results[h]) for h in range(hosts)]
+        for process in self.processes:
+            process.start()
+        for _ in range(self.size):
+            self.results.get()  # every host has loaded its task
+
+    def admit(self, hosts: int, prompts: int, step: int, pretokenized: bool) -> list[tuple]:
+        for h in range(hosts):
+            self.commands[h].put((hosts, prompts, step, pretokenized))
+        done = dict(self.results.get() for _ in range(hosts))
+        return [done[h] for h in range(hosts)]
+
+    def close(self) -> None:
+        for queue in self.commands:
+            queue.put(None)
+        for process in self.processes:
+            process.join()
 
 
 def fit_eq3(requests: list[int], seconds: list[float]) -> dict[str, float]:
     """Least-squares alpha0 + alpha1 * n (App. C Eq. 3) over (n, d_adm) pairs."""
     alpha1, alpha0 = np.polyfit(np.asarray(requests, float), np.asarray(seconds, float), 1)
-    return {"alpha0_s": float(alpha0), "alpha1_ms_per_request": float(alpha1 * 1e3)}
+    return {"alpha0_ms": float(alpha0 * 1e3), "alpha1_us_per_request": float(alpha1 * 1e6)}
 
 
-def measure(steps: int, hosts_list: list[int], pretokenized: bool) -> dict:
-    task = build_task(gsm8k_config())
-    single = {}
-    for prompts in PROMPT_COUNTS:
-        single[prompts * GROUP] = statistics.median(
-            admit_steps(task, prompts, 0, 1, steps, pretokenized)
-        )
-    co = {}
-    for hosts in hosts_list:
-        for prompts in PROMPT_COUNTS:
-            per_host = co_hosts(prompts, hosts, steps, pretokenized)
-            co[(hosts, prompts * GROUP)] = {
-                "per_host_s": [statistics.median(s) for s in per_host],
-                "slowest_host_s": statistics.median([max(s) for s in zip(*per_host, strict=True)]),
-                "requests_per_host": prompts * GROUP // hosts,
-            }
-    co_pairs = [(v["requests_per_host"], t) for v in co.values() for t in v["per_host_s"]]
-    return {
-        "pretokenized": pretokenized,
-        "single_controller_s": single,
-        "single_controller_fit": fit_eq3(list(single), list(single.values())),
-        "co": {f"{h} hosts, {n} requests": v for (h, n), v in co.items()},
-        "co_fit": fit_eq3([n for n, _ in co_pairs], [t for _, t in co_pairs]),
-    }
+def measure(steps: int, host_counts: list[int], pretokenized: bool) -> dict:
+    """Arms interleaved step by step: the single controller here, then each co host count."""
+    task, hosts = build_task(gsm8k_config()), CoHosts(host_counts)
+    raw = {}  # (arm, requests) -> per step: [(wall, cpu) per host]
+    try:
+        for step in range(steps + 1):  # step 0 warms up
+            for prompts in PROMPT_COUNTS:
+                n = prompts * GROUP
+                timed = [admit_step(task, prompts, step, 0, 1, pretokenized)]
+                raw.setdefault(("single_controller", n), []).append(timed)
+                for h in host_counts:
+                    timed = hosts.admit(h, prompts, step, pretokenized)
+                    raw.setdefault((f"co{h}", n), []).append(timed)
+    finally:
+        hosts.close()
+    return summarize(raw, host_counts, pretokenized)
+
+
+def summarize(raw: dict, host_counts: list[int], pretokenized: bool) -> dict:
+    """Medians over steps 1.. of the slowest host's wall and CPU seconds, and Eq. 3 fits."""
+    arms, fits = {}, {}
+    for (arm, n), steps in raw.items():
+        steps = steps[1:]
+        arms.setdefault(arm, {})[n] = {
+            "requests_per_host": n // len(steps[0]),
+            "wall_s": statistics.median(max(w for w, _ in hosts) for hosts in steps),
+            "cpu_s": statistics.median(max(c for _, c in hosts) for hosts in steps),
+        }
+    for arm, rows in arms.items():
+        per_host = [row["requests_per_host"] for row in rows.values()]
+        fits[arm] = {
+            clock: fit_eq3(per_host, [row[f"{clock}_s"] for row in rows.values()])
+            for clock in ("wall", "cpu")
+        }
+    return {"pretokenized": pretokenized, "arms": arms, "eq3_fits": fits}
 
 
 def report(result: dict) -> None:
     mode = "pre-tokenised" if result["pretokenized"] else "per-request tokenization (paper)"
-    print(f"[CPU] admission, {mode}, GSM8K, Qwen3 tokenizer, G = {GROUP}:")
-    for n, s in result["single_controller_s"].items():
-        print(f"  single controller, {n:5d} requests in one process: {s * 1e3:8.1f} ms")
-    for name, v in result["co"].items():
-        hosts = ", ".join(f"{t * 1e3:.1f}" for t in v["per_host_s"])
-        print(
-            f"  co, {name}: {v['requests_per_host']} per host, per host [{hosts}] ms, "
-            f"slowest host {v['slowest_host_s'] * 1e3:.1f} ms"
+    print(f"[CPU, loaded] admission, {mode}, GSM8K rows, Qwen3 tokenizer, G = {GROUP}:")
+    for arm, rows in result["arms"].items():
+        for n, row in rows.items():
+            print(
+                f"  {arm:>17}, {n:5d} requests, {row['requests_per_host']:5d} per host: slowest "
+                f"host {row['wall_s'] * 1e3:7.1f} ms wall, {row['cpu_s'] * 1e3:7.1f} ms CPU"
+            )
+    for arm, fit in result["eq3_fits"].items():
+        shown = "; ".join(
+            f"{clock}: alpha0 {f['alpha0_ms']:.2f} ms, alpha1 {f['alpha1_us_per_request']:.1f} us"
+            for clock, f in fit.items()
         )
-    for stack in ("single_controller", "co"):
-        fit = result[f"{stack}_fit"]
-        print(
-            f"  Eq. 3 fit, {stack}: alpha0 = {fit['alpha0_s'] * 1e3:.2f} ms, "
-            f"alpha1 = {fit['alpha1_ms_per_request'] * 1e3:.1f} us per request"
-        )
+        print(f"  Eq. 3 fit {arm} (n = requests per host): {shown}", flush=True)
 
 
 def main() -> None:

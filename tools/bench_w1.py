@@ -49,6 +49,7 @@ from locoexp.model.transformer import causal_segment_mask, init_cache
 from locoexp.placement import phases
 from locoexp.placement.colocated import Colocated
 from locoexp.placement.multihost import HostGroup
+from locoexp.rollout.requests import RequestQueue
 from locoexp.rollout.sampling import sample_tokens
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,6 +222,10 @@ class RandomPromptTask:
         self.eval = self.train[:8]
         self.long_prompts = 0
 
+    def encode_prompt(self, example: Example) -> np.ndarray:
+        """W1's prompts are ids with no text behind them: admission copies them per request."""
+        return example.prompt_tokens.copy()
+
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
         return np.array([np.mean(c % 2 == 0) if len(c) else 0.0 for c in completions], np.float32)
 
@@ -335,12 +340,21 @@ def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) 
 def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
     """The train step alone on a real packed batch, its forward alone, and the body alone."""
     s, trainer = runner.settings, runner.trainer
+    queue = RequestQueue()
     admitted = phases.admit(
-        runner.task, runner.schedule, 0, host=0, hosts=1, group_size=s.group_size, balance=False
+        runner.task,
+        runner.schedule,
+        0,
+        host=0,
+        hosts=1,
+        group_size=s.group_size,
+        balance=False,
+        queue=queue,
+        pretokenized=False,
     )
     rollout = phases.generate(
         runner.engine,
-        admitted,
+        queue,
         key=jax.random.key(3),
         max_new_tokens=s.max_new_tokens,
         sampling=s.sampling,

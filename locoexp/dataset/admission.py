@@ -17,6 +17,8 @@ import os
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from locoexp.dataset.task import Example, Task
 from locoexp.rollout.requests import Request, RequestQueue
 
@@ -29,13 +31,17 @@ class AdmissionRecord:
     pretokenized: bool
     pid: int  # the admitting process
     seconds: float  # perf_counter interval of the whole admission
+    # CPU time of the admitting thread: the work itself, apart from waiting for a core (on a
+    # machine whose cores are shared, wall time also counts other processes' turns).
+    cpu_seconds: float
     first_submitted_ns: int  # Unix ns of the first and last submission (0 when none)
     last_submitted_ns: int
 
     def metrics(self) -> dict[str, float]:
+        """Which admission ran and how much; its time is the step's `timing/admission_s`."""
         return {
-            "timing/admission_s": self.seconds,
             "admission/requests": self.requests,
+            "admission/cpu_s": self.cpu_seconds,
             "admission/pretokenized": float(self.pretokenized),
         }
 
@@ -47,22 +53,25 @@ def admit_requests(
     group_size: int,
     queue: RequestQueue,
     pretokenized: bool,
-) -> AdmissionRecord:
+) -> tuple[list[np.ndarray], AdmissionRecord]:
     """Submit the G requests of every example to `queue`, one request at a time, in order
-    (the G samples of a prompt stay contiguous: GRPO groups)."""
-    start = time.perf_counter()
-    first = last = 0
+    (the G samples of a prompt stay contiguous: GRPO groups). Returns the submitted prompts
+    ([N] token arrays, the host's own record of what it admitted) and what admission did."""
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    prompts, first, last = [], 0, 0
     for example in examples:
         for sample in range(group_size):
             tokens = example.prompt_tokens if pretokenized else task.encode_prompt(example)
             request = Request(prompt_tokens=tokens, example_id=example.id, sample=sample)
             queue.put(request)
+            prompts.append(tokens)
             first, last = first or request.submitted_ns, request.submitted_ns
-    return AdmissionRecord(
+    return prompts, AdmissionRecord(
         requests=len(examples) * group_size,
         pretokenized=pretokenized,
         pid=os.getpid(),
         seconds=time.perf_counter() - start,
+        cpu_seconds=time.thread_time() - cpu_start,
         first_submitted_ns=first,
         last_submitted_ns=last,
     )

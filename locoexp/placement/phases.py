@@ -16,22 +16,26 @@ from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
+from locoexp.dataset.admission import AdmissionRecord, admit_requests
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
+from locoexp.rollout.requests import RequestQueue
 from locoexp.trainer.packing import PackedBatch, pack_sequences
 
 
 @dataclasses.dataclass(frozen=True)
 class Admitted:
-    """A host's share of one step: B examples and their N = B * G requests (groups contiguous)."""
+    """A host's share of one step: B examples and their N = B * G requests (groups contiguous),
+    as submitted to the engine's request queue."""
 
     examples: list[Example]
     requests: list[np.ndarray]
     group_size: int
+    record: AdmissionRecord | None = None  # what admission did (None: not admitted this way)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,28 +86,33 @@ def admit(
     hosts: int,
     group_size: int,
     balance: bool,
+    queue: RequestQueue,
+    pretokenized: bool,
 ) -> Admitted:
-    """Admission: this host's P/H prompts of the step and their P*G/H requests."""
+    """Admission (Section 4.3, App. C Eq. 3): this host's P/H prompts of the step; each of their
+    P*G/H requests is chat-rendered, tokenized and put on the engine's `queue` one at a time by
+    this process (the single controller, one process, admits all P*G)."""
     indices = schedule.batch(step)
     lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
     mine = split_across_hosts(indices, lengths, hosts, balance=balance)[host]
     examples = [task.train[i] for i in mine]
-    requests = [e.prompt_tokens for e in examples for _ in range(group_size)]
-    return Admitted(examples=examples, requests=requests, group_size=group_size)
+    requests, record = admit_requests(
+        task, examples, group_size=group_size, queue=queue, pretokenized=pretokenized
+    )
+    return Admitted(examples=examples, requests=requests, group_size=group_size, record=record)
 
 
 def generate(
     engine: JaxEngine,
-    admitted: Admitted,
+    queue: RequestQueue,
     *,
     key: jax.Array,
     max_new_tokens: int,
     sampling: SamplingParams,
 ) -> Rollout:
-    """Generation: the local engine completes every admitted request."""
-    return engine.generate(
-        admitted.requests, key=key, max_new_tokens=max_new_tokens, sampling=sampling
-    )
+    """Generation: the local engine drains its request queue and completes every request."""
+    prompts = [request.prompt_tokens for request in queue.drain()]
+    return engine.generate(prompts, key=key, max_new_tokens=max_new_tokens, sampling=sampling)
 
 
 def score(
@@ -124,12 +133,16 @@ class HostRollout:
     rollout: Rollout
     scored: Scored
     generation_s: float
+    head_interval_s: float  # Figure 5: start of the step to the start of generation
 
     def metrics(self) -> dict[str, float]:
-        """Equal-work fields, reward and seconds per decode iteration of this host's share."""
+        """Equal-work fields, reward, admission and seconds per decode iteration of this host's
+        share."""
         iterations = max(self.rollout.decode_iterations, 1)
         return {
             **rollout_metrics(self.admitted, self.rollout, self.scored),
+            **self.admitted.record.metrics(),
+            "timing/head_interval_s": self.head_interval_s,
             "rollout/decode_s_per_iteration": self.generation_s / iterations,
         }
 
@@ -149,6 +162,7 @@ def run_rollout(
     phase; the rollout side of every placement runs exactly this."""
     s = settings
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host)
+    queue = RequestQueue()
     with timer.phase("admission"):
         admitted = admit(
             task,
@@ -158,16 +172,25 @@ def run_rollout(
             hosts=hosts,
             group_size=s.group_size,
             balance=s.opt.balance_prompts,
+            queue=queue,
+            pretokenized=s.opt.pretokenize_prompts,
         )
+    head_interval_s = timer.elapsed_s()
     with timer.phase("generation"):
         start = time.perf_counter()
         rollout = generate(
-            engine, admitted, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+            engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
         )
         generation_s = time.perf_counter() - start
     with timer.phase("reward"):
         scored = score(task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps)
-    return HostRollout(admitted=admitted, rollout=rollout, scored=scored, generation_s=generation_s)
+    return HostRollout(
+        admitted=admitted,
+        rollout=rollout,
+        scored=scored,
+        generation_s=generation_s,
+        head_interval_s=head_interval_s,
+    )
 
 
 def pack(
