@@ -100,3 +100,17 @@ def test_synthetic_requests_are_tokenized_from_text():
     for request in queue.drain():
         expected = task.train[request.example_id].prompt_tokens
         np.testing.assert_array_equal(request.prompt_tokens, expected)
+
+
+def test_admission_log_round_trip(tmp_path, gsm8k):
+    from locoexp.dataset.admission import AdmissionLog, read_admission_logs
+
+    log = AdmissionLog(tmp_path / "admission" / "host1.jsonl")
+    for step in range(2):
+        _, record = admit_requests(
+            gsm8k, list(gsm8k.train[:2]), group_size=2, queue=RequestQueue(), pretokenized=False
+        )
+        log.write(step, record)
+    logs = read_admission_logs(tmp_path)
+    assert list(logs) == ["host1"] and [r["step"] for r in logs["host1"]] == [0, 1]
+    assert logs["host1"][1]["requests"] == 4 and logs["host1"][1]["pid"] == os.getpid()

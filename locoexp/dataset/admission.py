@@ -13,9 +13,11 @@ each request costs one queue submission; that is a lever beyond the paper, off b
 """
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -75,3 +77,26 @@ def admit_requests(
         first_submitted_ns=first,
         last_submitted_ns=last,
     )
+
+
+class AdmissionLog:
+    """Every step's `AdmissionRecord` of one admitting process, one JSON line per step, in
+    `<run_dir>/admission/<role><index>.jsonl` (each host writes its own file: per-host submission
+    times are what show serial against parallel admission, Figure 7a; metrics.jsonl holds only
+    the reduction over hosts)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, step: int, record: AdmissionRecord) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps({"step": step, **dataclasses.asdict(record)}) + "\n")
+
+
+def read_admission_logs(run_dir: Path) -> dict[str, list[dict]]:
+    """`<role><index>` -> that process's records, from a run directory."""
+    return {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line]
+        for path in sorted((Path(run_dir) / "admission").glob("*.jsonl"))
+    }
