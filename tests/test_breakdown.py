@@ -140,3 +140,19 @@ def test_step_profiler_captures_only_its_steps(tmp_path):
     assert sum(shares[f"breakdown/{k}_share"] for k in ("compute", "network", "host")) == (
         pytest.approx(1.0)
     )
+
+
+def test_an_asynchronous_cpu_op_lasts_until_its_linked_end_event():
+    # XLA:CPU: the op's event covers its launch [200, 210); `end: fusion.7` with the same flow id
+    # ends it at 700. An end event of another flow id does not extend it.
+    profile = xspace(
+        [
+            ("python", STEP_ANNOTATION, 100, 1000, {"step_num": 0}),
+            ("t0", "fusion.7", 200, 10, {"hlo_op": "fusion.7", "device_ordinal": 0, "_p": 42}),
+            ("t1", "end: fusion.7", 690, 10, {"_c": 42}),
+            ("t0", "fusion.8", 800, 10, {"hlo_op": "fusion.8", "device_ordinal": 0, "_p": 43}),
+            ("t1", "end: fusion.8", 1000, 10, {"_c": 99}),
+        ]
+    )
+    b = step_breakdown(profile, 0)
+    assert b.compute_s == pytest.approx(510e-9) and b.host_s == pytest.approx(490e-9)

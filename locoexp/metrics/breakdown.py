@@ -33,6 +33,7 @@ from jax.profiler import ProfileData
 
 STEP_ANNOTATION = "locoexp_step"
 EXCHANGE_PREFIX = "locoexp_exchange:"
+_END = "end: "
 # HLO collective ops (sync and async -start/-done forms) and GPU collective kernels.
 _COLLECTIVE = re.compile(
     r"^(all-gather|all-reduce|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute"
@@ -124,7 +125,7 @@ def step_breakdown(profile: ProfileData, step: int) -> Breakdown:
     ops, exchanges = _device_ops(profile, window), []
     for event, _ in _events(profile):
         if event.name.startswith(EXCHANGE_PREFIX):
-            exchanges.append(_clip(event, window))
+            exchanges.append(_clip(event.start_ns, event.start_ns + event.duration_ns, window))
     exchange = _merge(exchanges)
     per_device = []
     for intervals in ops.values() or [{"collective": [], "compute": []}]:
@@ -162,7 +163,17 @@ def _step_window(profile: ProfileData, step: int) -> Interval:
 
 def _device_ops(profile: ProfileData, window: Interval) -> dict[tuple, dict[str, list]]:
     """Device op intervals inside `window`, by device: XLA op events (a `hlo_op` stat, as CPU and
-    GPU traces carry) or the `XLA Ops` line of a `/device:` plane (TPU traces)."""
+    GPU traces carry) or the `XLA Ops` line of a `/device:` plane (TPU traces).
+
+    XLA:CPU runs some ops asynchronously: the op's event then covers only its launch, and an
+    `end: <op>` event linked to it by a flow id (`_p` on the op, `_c` on the end) marks when it
+    finished; such an op lasts from its event's start to its end event."""
+    ends = {}
+    for event, _ in _events(profile):
+        if event.name.startswith(_END):
+            flow = dict(event.stats).get("_c")
+            if flow is not None:
+                ends[(flow, event.name[len(_END) :])] = event.start_ns + event.duration_ns
     ops: dict[tuple, dict[str, list]] = {}
     for event, (plane, line) in _events(profile):
         stats = dict(event.stats)
@@ -172,7 +183,8 @@ def _device_ops(profile: ProfileData, window: Interval) -> dict[tuple, dict[str,
             device, name = (plane, None), event.name
         else:
             continue
-        interval = _clip(event, window)
+        end = max(event.start_ns + event.duration_ns, ends.get((stats.get("_p"), event.name), 0))
+        interval = _clip(event.start_ns, end, window)
         if interval[1] <= interval[0]:
             continue
         kind = "collective" if _COLLECTIVE.search(name) else "compute"
@@ -180,9 +192,9 @@ def _device_ops(profile: ProfileData, window: Interval) -> dict[tuple, dict[str,
     return ops
 
 
-def _clip(event, window: Interval) -> Interval:
-    start = max(event.start_ns, window[0])
-    return start, max(start, min(event.start_ns + event.duration_ns, window[1]))
+def _clip(start: float, end: float, window: Interval) -> Interval:
+    start = max(start, window[0])
+    return start, max(start, min(end, window[1]))
 
 
 def _merge(intervals: Iterable[Interval]) -> list[Interval]:
