@@ -19,10 +19,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from locoexp.config import Config
+from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput
 from locoexp.model.checkpoint import load_model
@@ -148,6 +150,7 @@ def run_host(
     task = build_checked_task(config)
     schedule = build_schedule(config, len(task.train))
     runner = build_runner(config, task, schedule, hosts)
+    runner.admission_log = AdmissionLog(run_dir / "admission" / f"host{hosts.index}.jsonl")
 
     output = None
     if hosts.is_leader:
@@ -169,6 +172,7 @@ def run_host(
     try:
         summary = run_loop(
             runner,
+            profiler=StepProfiler(run_dir, frozenset(config.profile_steps), index=hosts.index),
             steps=config.steps,
             eval_every_steps=config.eval_every_steps,
             eval_at_updates=config.eval_at_updates,

@@ -19,8 +19,10 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.run_output import summarize_steps
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement import phases
@@ -39,6 +41,7 @@ class Colocated:
     settings: StepSettings
     hosts: HostGroup
     timer: StepTimer = dataclasses.field(default_factory=StepTimer)
+    admission_log: AdmissionLog | None = None  # this host's per-step admission records
     metric_keys: list[str] | None = None
     # O1: the previous step's metrics waiting to ride on this step's row agreement, and what
     # that agreement brought back from every host.
@@ -59,6 +62,8 @@ class Colocated:
             timer=timer,
         )
         admitted, rollout, scored = part.admitted, part.rollout, part.scored
+        if self.admission_log is not None:
+            self.admission_log.write(step, admitted.record)
         with timer.phase("pack"):
             slots = _round_up(len(admitted.requests) * s.max_new_tokens, s.loss_slot_multiple)
             batch = phases.pack(
@@ -100,7 +105,7 @@ class Colocated:
         return [self._record(row) for row in self.hosts.allgather(self._vector(host_metrics))]
 
     def _vector(self, metrics: dict[str, float]) -> np.ndarray:
-        self.metric_keys = self.metric_keys or sorted(metrics)
+        self.metric_keys = sorted(metrics)  # every host has the same keys in a step
         return np.array([metrics[k] for k in self.metric_keys], np.float64)
 
     def _record(self, row: np.ndarray) -> dict[str, float]:
@@ -138,6 +143,7 @@ class LoopHooks:
 def run_loop(
     runner: Colocated,
     *,
+    profiler: StepProfiler,
     steps: int,
     eval_every_steps: int,
     eval_at_updates: list[int],
@@ -158,7 +164,10 @@ def run_loop(
             return
         record = combine_host_metrics(per_host)
         record["step"] = int(record["step"])
-        record["timing/host_orchestration_share"] = _host_share(record)
+        record["timing/host_orchestration_s"] = host_orchestration_s(record)
+        record["timing/host_orchestration_share"] = (
+            record["timing/host_orchestration_s"] / record["timing/step_s"]
+        )
         records.append(record)
         if runner.hosts.is_leader:
             hooks.export(record)
@@ -169,21 +178,22 @@ def run_loop(
                 gc.collect()
                 gc.freeze()  # O2: what warm-up allocated is never scanned again
                 gc.disable()
-            with runner.timer.step():
-                runner.carried_metrics = previous if o1 else None
-                metrics = runner.step(step)
-                with runner.timer.phase("log"):
-                    if o1:
-                        emit(runner.exchanged)
-                    elif previous is not None:
-                        emit(runner.exchange_metrics(previous))
-                    runner.exchanged = None
-            previous = {
-                "step": step,
-                **metrics,
-                **runner.timer.metrics(),
-                "time/elapsed_s": time.perf_counter() - start_time - eval_total_s,
-            }
+            with profiler.capture(step):
+                with runner.timer.step():
+                    runner.carried_metrics = previous if o1 else None
+                    metrics = runner.step(step)
+                    with runner.timer.phase("log"):
+                        if o1:
+                            emit(runner.exchanged)
+                        elif previous is not None:
+                            emit(runner.exchange_metrics(previous))
+                        runner.exchanged = None
+                step_end = time.perf_counter()
+            breakdown = profiler.metrics(step)
+            if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation
+                eval_total_s += time.perf_counter() - step_end
+            previous = {"step": step, **metrics, **runner.timer.metrics(), **breakdown}
+            previous["time/elapsed_s"] = time.perf_counter() - start_time - eval_total_s
             updates = step + 1
             if (
                 (eval_every_steps and updates % eval_every_steps == 0)
@@ -212,8 +222,9 @@ def run_loop(
     return summarize_steps(records)
 
 
-def _host_share(record: dict) -> float:
-    """Share of the step outside compiled device programs (Section 3.2's host orchestration),
-    approximated by the phases that are pure host work plus the unaccounted remainder."""
+def host_orchestration_s(record: dict) -> float:
+    """Host orchestration from the phase clocks (Section 3.2): the phases that are pure host work
+    plus the unaccounted remainder. Profiled steps also carry the trace's exact split
+    (`breakdown/*`, Table H1)."""
     host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
-    return (host + record.get("timing/unaccounted_s", 0.0)) / record["timing/step_s"]
+    return host + record.get("timing/unaccounted_s", 0.0)
