@@ -78,3 +78,17 @@ def test_elapsed_inside_a_step_grows_and_is_refused_outside():
         with timer.phase("generation"):
             time.sleep(0.01)
     assert 0.01 <= head <= timer.metrics()["timing/step_s"] - 0.01
+
+
+def test_host_orchestration_is_the_host_phases_plus_the_unaccounted_rest():
+    from locoexp.metrics.timing import host_orchestration_s
+
+    times = {
+        "timing/admission_s": 0.5,
+        "timing/generation_s": 3.0,
+        "timing/reward_s": 0.25,
+        "timing/train_s": 4.0,
+        "timing/unaccounted_s": 0.125,
+        "timing/step_s": 7.875,
+    }
+    assert host_orchestration_s(times) == 0.875

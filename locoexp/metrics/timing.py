@@ -89,3 +89,15 @@ def reduce_over_hosts(per_host: Sequence[Mapping[str, float]]) -> dict[str, floa
         reduced[f"{key}_max"] = max(values)
         reduced[f"{key}_mean"] = sum(values) / len(values)
     return reduced
+
+
+# Phases that are host work only (no device program in flight): Section 3.2's host orchestration
+# as the phase clocks see it. A profiled step's trace gives the exact split (`breakdown/*`).
+HOST_PHASES = ("admission", "reward", "pack", "log")
+
+
+def host_orchestration_s(times: Mapping[str, float]) -> float:
+    """Seconds of host orchestration in one `timing/*` record: the host phases it has plus
+    the unaccounted remainder (dispatch and Python between phases)."""
+    host = sum(times.get(f"timing/{p}_s", 0.0) for p in HOST_PHASES)
+    return host + times.get("timing/unaccounted_s", 0.0)

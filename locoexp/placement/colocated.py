@@ -24,7 +24,7 @@ from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.run_output import summarize_steps
-from locoexp.metrics.timing import StepTimer
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement import phases
 from locoexp.placement.multihost import HostGroup, combine_host_metrics
 from locoexp.placement.phases import StepSettings
@@ -220,11 +220,3 @@ def run_loop(
             gc.enable()
             gc.unfreeze()
     return summarize_steps(records)
-
-
-def host_orchestration_s(record: dict) -> float:
-    """Host orchestration from the phase clocks (Section 3.2): the phases that are pure host work
-    plus the unaccounted remainder. Profiled steps also carry the trace's exact split
-    (`breakdown/*`, Table H1)."""
-    host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
-    return host + record.get("timing/unaccounted_s", 0.0)
