@@ -1,9 +1,10 @@
 """The typed root `Config`: one field per config group plus the run-level keys.
 
-`run.py` composes YAML with Hydra and converts it into this dataclass; everything below
+`locoexp.compose` composes YAML with Hydra and converts it into this dataclass; everything below
 `locoexp.main` receives only the sub-config or runtime object it needs. Cross-group invariants
-(placement vs split, batch vs hosts) are checked here, so a bad run fails before anything is
-allocated or written.
+(placement vs split, batch vs hosts) are checked here, and every placement key and lever is
+honoured or refused in one place (`Config._check_placement_keys`), so a bad run fails before
+anything is allocated or written.
 """
 
 import dataclasses
@@ -11,7 +12,7 @@ import dataclasses
 from locoexp.algo.config import AlgoConfig
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
-from locoexp.hardware.config import HardwareConfig
+from locoexp.hardware.config import ChipKind, HardwareConfig
 from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
@@ -65,36 +66,87 @@ class Config:
             f"profile_steps={self.profile_steps} is not supported under placement=da yet; "
             "profile placement=co or single_controller.",
         )
-        hosts = self.hardware.hosts
-        if self.placement.kind is not PlacementKind.da:
+        self._check_placement()
+        self._check_placement_keys()
+
+    def _check_placement(self) -> None:
+        """Split and batch shapes per placement: whole GRPO groups per rollout host."""
+        hosts, kind = self.hardware.hosts, self.placement.kind
+        if kind is not PlacementKind.da:
             require(
                 self.split is None,
-                f"split={self.split} only applies to placement=da, not "
-                f"placement={self.placement.kind.value}; "
+                f"split={self.split} only applies to placement=da, not placement={kind.value}; "
                 "remove it or set placement=da.",
             )
-        else:
-            valid = valid_splits(hosts)
-            shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
-            require(
-                self.split is not None,
-                f"placement=da needs split=<the trainer's share of hosts>; valid splits for "
-                f"{hosts} "
-                f"hosts: {shown}.",
-            )
-            require(
-                self.split in valid,
-                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
-                "trainer "
-                f"and rollout host counts; valid splits for {hosts} hosts: "
-                f"{shown}.",
-            )
-        if self.placement.kind is PlacementKind.co:
+        if kind is PlacementKind.co:
             require(
                 self.dataset.prompts_per_step % hosts == 0,
                 f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
             )
+        if kind is PlacementKind.da:
+            self._check_da_split(hosts)
+
+    def _check_da_split(self, hosts: int) -> None:
+        valid = valid_splits(hosts)
+        shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
+        require(
+            self.split is not None,
+            f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
+            f"hosts: {shown}.",
+        )
+        require(
+            self.split in valid,
+            f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
+            f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}.",
+        )
+        trainers = round(self.split * hosts)
+        rollouts, d = hosts - trainers, self.dataset
+        require(
+            d.prompts_per_step % rollouts == 0,
+            f"dataset.prompts_per_step={d.prompts_per_step} must be divisible by the {rollouts} "
+            "rollout hosts of placement=da (each admits whole GRPO groups).",
+        )
+        sequences = d.prompts_per_step * d.samples_per_prompt
+        require(
+            sequences % trainers == 0,
+            f"dataset.prompts_per_step x dataset.samples_per_prompt = {sequences} sequences must "
+            f"be divisible by the {trainers} trainer hosts of placement=da.",
+        )
+
+    def _check_placement_keys(self) -> None:
+        """Every placement key and lever is honoured or refused here. Where each acts:
+        - O1 `opt.metrics_off_barrier`: co, single_controller (the row exchange carries the
+          previous step's metrics). Refused under da: its hosts report to the Ray driver and
+          share no per-host metrics barrier to leave (`conf/placement/da.yaml` turns it off).
+        - O2 `opt.freeze_gc`: every placement (the loop's process and, under da, every actor).
+        - O3 `opt.balance_prompts`: every placement (admission).
+        - O4 `opt.publish_in_one_call`: every placement (co: the gather into the engine; da: the
+          trainer's gather and the rollout host's load).
+        - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
+          group; refused on a TPU slice under co and single_controller, whose coordinator the
+          cluster names.
+        - `placement.ray_address`: da only (None elsewhere)."""
+        kind = self.placement.kind
+        require(
+            not (kind is PlacementKind.da and self.opt.metrics_off_barrier),
+            "opt.metrics_off_barrier=true (O1) does not apply to placement=da: its hosts report "
+            "to the Ray driver and share no per-host metrics barrier; set "
+            "opt.metrics_off_barrier=false.",
+        )
+        require(
+            self.hardware.coordinator_port == 0
+            or self.hardware.chip is ChipKind.cpu
+            or kind is PlacementKind.da,
+            f"hardware.coordinator_port={self.hardware.coordinator_port} applies to hardware=cpu "
+            f"and to the placement=da trainer group; on hardware.chip="
+            f"{self.hardware.chip.value} with placement={kind.value} the cluster names the "
+            "coordinator: set it to 0.",
+        )
+        require(
+            self.placement.ray_address is None or kind is PlacementKind.da,
+            f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
 
 
 def valid_splits(hosts: int) -> list[float]:

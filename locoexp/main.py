@@ -1,13 +1,16 @@
-"""`run(config)`: check the run, start its processes, build the runtime objects and execute it.
+"""`run(config)`: check the run, start its processes, build every runtime object and drive it.
 
-This is the only module that reads the root `Config`; it hands each builder its own sub-config.
-Start-up order: everything that can refuse a run (memory fit, TP vs heads, task files,
-vocabulary, schedule) is checked before anything is allocated or written. With `hardware=cpu`
-and more than one host (or device per host) the run continues in spawned local processes
-(`locoexp.placement.launch`); on a TPU slice every host runs this same function.
+This is the only module that reads the root `Config`; it hands each builder its own sub-config
+and builds, for every placement, what the one step loop (`locoexp.placement.loop`) runs: the two
+halves of a step, their transport and the loop plan. Under `da` it builds the factories that the
+Ray actors call to build their halves. Start-up order: everything that can refuse a run (memory
+fit, TP vs heads, task files, vocabulary, schedule) is checked before anything is allocated or
+written. With `hardware=cpu` and more than one host (or device per host) the run continues in
+spawned local processes (`locoexp.placement.launch`); on a TPU slice every host runs this same
+function.
 """
 
-import dataclasses
+import functools
 import json
 import math
 import time
@@ -16,65 +19,59 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh
 
+from locoexp.algo.config import AlgoConfig
 from locoexp.config import Config
 from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
+from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
 from locoexp.metrics.breakdown import StepProfiler
-from locoexp.metrics.cost import Checkpoint
-from locoexp.metrics.run_output import RunOutput
+from locoexp.metrics.run_output import RunFiles
+from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
+from locoexp.model.config import ModelConfig
 from locoexp.model.memory import Roles, check_fit, describe_plan
-from locoexp.placement.colocated import Colocated, LoopHooks, run_loop
 from locoexp.placement.config import PlacementKind
-from locoexp.placement.disaggregated import run_da
+from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
+from locoexp.placement.inprocess import InProcess
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
+from locoexp.placement.layout import Layout, build_layout
+from locoexp.placement.loop import LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
+from locoexp.placement.ray_hosts import DaLayout, load_from_object_store, publish_to_object_store
+from locoexp.placement.ray_transport import BatchLedger, ray_actors
 from locoexp.rollout.build import build_engine
+from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
+from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.trainer import Trainer
 
 
-def placement_roles(config: Config) -> Roles:
-    hosts = config.hardware.hosts
-    match config.placement.kind:
-        case PlacementKind.co:
-            return Roles(
-                trainer_hosts=hosts,
-                rollout_hosts=hosts,
-                colocated=True,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-        case PlacementKind.single_controller:
-            return Roles(
-                trainer_hosts=hosts,
-                rollout_hosts=hosts,
-                colocated=True,
-                hosts_per_engine=hosts,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-        case PlacementKind.da:
-            trainer_hosts = round((config.split or 0) * hosts)
-            return Roles(
-                trainer_hosts=trainer_hosts,
-                rollout_hosts=hosts - trainer_hosts,
-                colocated=False,
-                kl_reference=config.algo.kl_coef > 0,
-            )
-
-
-def process_layout(config: Config) -> tuple[int, int]:
-    """(processes, devices per process) for this run: one process per host, except the single
-    controller, which is one process holding every host's devices."""
+def layout_of(config: Config) -> Layout:
     hw = config.hardware
-    if config.placement.kind is PlacementKind.single_controller:
-        return 1, hw.devices
-    return hw.hosts, hw.devices_per_host
+    return build_layout(
+        config.placement.kind,
+        hosts=hw.hosts,
+        devices_per_host=hw.devices_per_host,
+        split=config.split,
+    )
+
+
+def placement_roles(config: Config) -> Roles:
+    layout = layout_of(config)
+    return Roles(
+        trainer_hosts=layout.trainer_hosts,
+        rollout_hosts=layout.rollout_hosts,
+        colocated=layout.staleness == 0,  # co, single_controller: every host trains
+        hosts_per_engine=layout.hosts_per_engine,
+        kl_reference=config.algo.kl_coef > 0,
+    )
 
 
 def run(
@@ -90,108 +87,123 @@ def run(
         print(plan(config), flush=True)
         return {"dry_run": True}
     check_run(config)
+    files = RunFiles(str(run_dir), resolved_config, sweep_name, progress)
     if config.placement.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
-        return run_da(
-            config,
-            run_dir=run_dir,
-            resolved_config=resolved_config,
-            sweep_name=sweep_name,
-            progress=progress,
-        )
-    processes, devices = process_layout(config)
-    args = (config, str(run_dir), resolved_config, sweep_name, progress)
-    if config.hardware.chip is ChipKind.cpu and (processes > 1 or devices > 1):
+        return run_driver(config, files)
+    layout, hw = layout_of(config), config.hardware
+    processes, devices = layout.processes, layout.devices_per_process
+    if hw.chip is ChipKind.cpu and (processes > 1 or devices > 1):
         code = launch_local_processes(
-            run_host, args, num_processes=processes, devices_per_process=devices
+            run_host,
+            (config, files),
+            num_processes=processes,
+            devices_per_process=devices,
+            coordinator_port=hw.coordinator_port,
         )
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(run_dir) / "summary.json").read_text())
-    if config.hardware.chip is not ChipKind.cpu and processes > 1:
+    if hw.chip is not ChipKind.cpu and processes > 1:
         initialize_distributed(coordinator=None, num_processes=processes, process_id=None)
-    return run_host(*args)
+    return run_host(config, files)
 
 
 def plan(config: Config) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    return describe_plan(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
-    )
+    return describe_plan(*_memory_inputs(config))
 
 
 def check_run(config: Config) -> None:
     """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
-    check_fit(
-        config.model,
-        config.hardware,
-        config.rollout,
-        config.dataset,
-        config.trainer,
-        placement_roles(config),
-    )
+    check_fit(*_memory_inputs(config))
 
 
-def run_host(
-    config: Config,
-    run_dir: str,
-    resolved_config: dict[str, Any] | None,
-    sweep_name: str | None,
-    progress: bool,
-) -> dict[str, Any]:
-    """This process's part of the run; every host calls it, process 0 writes the run directory."""
+def _memory_inputs(config: Config) -> tuple:
+    c = config
+    return c.model, c.hardware, c.rollout, c.dataset, c.trainer, placement_roles(c)
+
+
+def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
+    """`co` and `single_controller`: this process's part of the run (every host calls it; the
+    leader writes the run directory)."""
     start_time = time.perf_counter()
-    run_dir = Path(run_dir)
-    hosts = HostGroup.current()
+    hosts, timer = HostGroup.current(), StepTimer()
+    task = build_checked_task(config)
+    transport = build_in_process(
+        config, task, build_schedule(config, len(task.train)), hosts, timer
+    )
+    run_dir = Path(files.run_dir)
+    transport.rollout.admission_log = AdmissionLog(
+        run_dir / "admission" / f"host{hosts.index}.jsonl"
+    )
+    profiler = StepProfiler(run_dir, frozenset(config.profile_steps), index=hosts.index)
+    with files.open(config.logger, steps=config.steps, leader=hosts.is_leader) as output:
+        return drive(
+            transport,
+            build_loop_plan(config),
+            timer=timer,
+            output=output,
+            start_time=start_time,
+            profiler=profiler,
+        )
+
+
+def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
+    """`da`: the Ray driver; the halves run in actors built by the factories below."""
+    start_time = time.perf_counter()
+    layout, hw = layout_of(config), config.hardware
     task = build_checked_task(config)
     schedule = build_schedule(config, len(task.train))
-    runner = build_runner(config, task, schedule, hosts)
-    runner.admission_log = AdmissionLog(run_dir / "admission" / f"host{hosts.index}.jsonl")
+    settings = build_settings(config, local_devices=hw.devices_per_host)
+    da_layout = DaLayout(
+        trainer_hosts=layout.trainer_hosts,
+        rollout_hosts=layout.rollout_hosts,
+        devices_per_host=hw.devices_per_host,
+        cpu_devices=hw.chip is ChipKind.cpu,
+        ray_address=config.placement.ray_address,
+        coordinator_port=hw.coordinator_port,
+    )
+    build_rollout = functools.partial(
+        build_actor_rollout_half,
+        model=config.model,
+        rollout=config.rollout,
+        dataset=config.dataset,
+        schedule=schedule,
+        settings=settings,
+    )
+    build_trainer = functools.partial(
+        build_actor_trainer_half,
+        model=config.model,
+        algo=config.algo,
+        trainer=config.trainer,
+        settings=settings,
+    )
+    with files.open(config.logger, steps=config.steps, leader=True) as output:
+        ledger = BatchLedger(schedule, [e.id for e in task.train], output.run_dir / "batches.jsonl")
+        with ray_actors(
+            da_layout,
+            build_rollout=build_rollout,
+            build_trainer=build_trainer,
+            freeze_gc=config.opt.freeze_gc,
+            ledger=ledger,
+        ) as transport:
+            plan = build_loop_plan(config)
+            return drive(transport, plan, timer=StepTimer(), output=output, start_time=start_time)
 
-    output = None
-    if hosts.is_leader:
-        output = RunOutput(
-            run_dir,
-            logger=config.logger,
-            resolved_config=resolved_config or {},
-            sweep_name=sweep_name,
-            steps=config.steps,
-            progress=progress,
-        )
 
-    def on_eval(record: dict) -> None:
-        checkpoint = Checkpoint(
-            step=record["step"], elapsed_s=record["time/elapsed_s"], score=record["eval/accuracy"]
-        )
-        output.on_eval(checkpoint, seconds=record["eval/seconds"])
-
-    try:
-        summary = run_loop(
-            runner,
-            profiler=StepProfiler(run_dir, frozenset(config.profile_steps), index=hosts.index),
-            steps=config.steps,
-            eval_every_steps=config.eval_every_steps,
-            eval_at_updates=config.eval_at_updates,
-            eval_limit=config.dataset.eval_size,
-            hooks=LoopHooks(export=output.export if output else None, on_eval=on_eval),
-            start_time=start_time,
-        )
-        if output is None:
-            return summary
-        return output.finish(
-            summary,
-            target=config.eval_target,
-            chips=config.hardware.chips,
-            chip_hour_price_usd=config.hardware.chip_hour_price_usd,
-            wall_s=time.perf_counter() - start_time,
-        )
-    finally:
-        if output is not None:
-            output.close()
+def build_loop_plan(config: Config) -> LoopPlan:
+    return LoopPlan(
+        steps=config.steps,
+        staleness=layout_of(config).staleness,
+        eval_every_steps=config.eval_every_steps,
+        eval_at_updates=tuple(config.eval_at_updates),
+        eval_limit=config.dataset.eval_size,
+        metrics_off_barrier=config.opt.metrics_off_barrier,
+        freeze_gc=config.opt.freeze_gc,
+        eval_target=config.eval_target,
+        chips=config.hardware.chips,
+        chip_hour_price_usd=config.hardware.chip_hour_price_usd,
+    )
 
 
 def build_checked_task(config: Config):
@@ -206,37 +218,87 @@ def build_checked_task(config: Config):
     return task
 
 
-def build_runner(config: Config, task, schedule: PromptSchedule, hosts: HostGroup) -> Colocated:
-    """The engine on this host's devices, the trainer on every device, the step settings."""
-    model = load_model(config.model, seed=config.seed)
-    engine_devices = (
-        jax.local_devices()
-        if hosts.count > 1 or config.placement.kind is PlacementKind.co
-        else jax.devices()
-    )
-    engine = build_engine(
-        model,
+def build_in_process(
+    config: Config, task, schedule: PromptSchedule, hosts: HostGroup, timer: StepTimer
+) -> InProcess:
+    """`co` and `single_controller`: one policy for the engine on this process's devices (every
+    device of the single controller) and the trainer on every device; one shared `timer`."""
+    policy = load_model(config.model, seed=config.seed)
+    settings = build_settings(config, local_devices=len(jax.local_devices()))
+    where = dict(settings=settings, timer=timer)
+    rollout = build_rollout_half(
+        policy,
+        task,
         config.rollout,
+        config.dataset,
+        schedule=schedule,
+        host=hosts.index,
+        hosts=hosts.count,
+        **where,
+    )
+    publish = functools.partial(
+        publish_to_engine, engine=rollout.engine, one_call=config.opt.publish_in_one_call
+    )
+    trainer = build_trainer_half(
+        policy, config.algo, config.trainer, group=hosts, publish=publish, **where
+    )
+    return InProcess(rollout=rollout, trainer=trainer, hosts=hosts)
+
+
+def build_rollout_half(
+    policy, task, rollout: RolloutConfig, dataset: DatasetConfig, *, load=None, **half
+) -> RolloutHalf:
+    """A host's rollout half: its engine over this process's devices, from `policy`'s weights."""
+    engine = build_engine(
+        policy,
+        rollout,
         eos_id=task.tokenizer.eos_id,
         pad_id=task.tokenizer.pad_id,
-        devices=engine_devices,
-        max_sequence_tokens=config.dataset.max_prompt_tokens + config.dataset.max_new_tokens,
+        devices=jax.local_devices(),
+        max_sequence_tokens=dataset.max_prompt_tokens + dataset.max_new_tokens,
     )
-    trainer = Trainer(
-        model,
-        config.algo,
-        config.trainer,
-        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.dataset.max_new_tokens,
+    return RolloutHalf(task=task, engine=engine, load=load, **half)
+
+
+def build_trainer_half(policy, algo: AlgoConfig, trainer: TrainerConfig, **half) -> TrainerHalf:
+    """The trainer half over every device of this process's `jax.distributed` group."""
+    s, mesh = half["settings"], Mesh(np.array(jax.devices()), ("fsdp",))
+    temperature, max_new = s.sampling.temperature, s.max_new_tokens
+    policy_trainer = Trainer(
+        policy, algo, trainer, mesh=mesh, temperature=temperature, max_new_tokens=max_new
     )
-    return Colocated(
-        task=task,
-        schedule=schedule,
-        engine=engine,
-        trainer=trainer,
-        settings=build_settings(config, local_devices=len(jax.local_devices())),
-        hosts=hosts,
+    return TrainerHalf(trainer=policy_trainer, **half)
+
+
+def build_actor_rollout_half(
+    *, model: ModelConfig, rollout: RolloutConfig, dataset: DatasetConfig, **half
+) -> RolloutHalf:
+    """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
+    policy = load_model(model, seed=half["settings"].seed)
+    # what published pure dicts are loaded into: shapes only, so the initial weights live once
+    template = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.split(policy, nnx.Param)[1]
+    )
+    one_call = half["settings"].opt.publish_in_one_call
+    load = functools.partial(load_from_object_store, template=template, one_call=one_call)
+    task = build_task(dataset, tokenizer_dir=model.checkpoint)
+    return build_rollout_half(policy, task, rollout, dataset, load=load, **half)
+
+
+def build_actor_trainer_half(
+    *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig, group: HostGroup, **half
+) -> TrainerHalf:
+    """Called in a `da` trainer actor once it joined the trainer group: its share of every
+    batch, publishing through the object store."""
+    one_call = half["settings"].opt.publish_in_one_call
+    return build_trainer_half(
+        load_model(model, seed=half["settings"].seed),
+        algo,
+        trainer,
+        group=group,
+        publish=functools.partial(publish_to_object_store, one_call=one_call),
+        share=(group.index, group.count),
+        **half,
     )
 
 
@@ -287,16 +349,3 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def config_as_dict(config: Config) -> dict[str, Any]:
-    """The resolved config as plain JSON-able values (enums by value)."""
-
-    def plain(value):
-        if dataclasses.is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        return getattr(value, "value", value)
-
-    return plain(config)

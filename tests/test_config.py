@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import run  # registers `config_schema` in Hydra's ConfigStore
+from locoexp.compose import compose_config, preflight
 from locoexp.config import Config
+from locoexp.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -22,14 +22,9 @@ OPTIONS = sorted(
 )
 # Options that are only valid together with another choice (cross-group checks of Config).
 COMPANIONS = {
-    ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.25"],  # da needs >= 2 hosts and a split
+    ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.5"],  # da needs >= 2 hosts and a split
     ("hardware", "tpu_v7x_256"): ["dataset=gsm8k"],  # 64 hosts need prompts_per_step % 64 == 0
 }
-
-
-def compose_config(overrides: list[str]) -> Config:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
 
 
 def test_every_group_has_options():
@@ -52,10 +47,13 @@ def test_every_option_composes_and_converts_to_the_typed_config(group, option):
     assert isinstance(config, Config)
     section = getattr(config, group)
     assert type(section).__module__.startswith("locoexp.")  # a typed dataclass, not a dict
-    # the option's YAML values reach the typed config (enums compared by value)
-    for key, value in OmegaConf.to_container(
-        OmegaConf.load(CONF / group / f"{option}.yaml")
-    ).items():
+    # the option's YAML values reach the typed config (enums compared by value); a file of the
+    # global package (placement=da also sets an opt key) holds its group's values under its name
+    path = CONF / group / f"{option}.yaml"
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    if path.read_text().startswith("# @package _global_"):
+        values = values[group]
+    for key, value in values.items():
         got = getattr(section, key)
         got = getattr(got, "value", got)
         if isinstance(value, dict) or value is None:  # nested groups; null = derived at start-up
@@ -68,9 +66,7 @@ EXPERIMENTS = sorted(path.stem for path in (ROOT / "experiments" / "experiment")
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_converts_to_the_typed_config(experiment, monkeypatch):
-    monkeypatch.chdir(
-        ROOT
-    )  # conf/config.yaml adds experiments/ to the search path by a relative path
+    monkeypatch.chdir(ROOT)  # experiment files name data files relative to the repository root
     assert isinstance(compose_config([f"+experiment={experiment}"]), Config)
 
 
@@ -124,16 +120,20 @@ def test_messages_name_what_is_valid(tmp_path):
     assert "Integer" in run_cli(tmp_path, "model.num_layers=abc").stderr
 
 
+def test_a_coordinator_port_the_cluster_would_ignore_is_refused():
+    with pytest.raises(ConfigError, match="hardware.coordinator_port=1234"):
+        compose_config(["hardware=tpu_v7x_16", "hardware.coordinator_port=1234"])
+    assert compose_config(["hardware.coordinator_port=1234"]).hardware.coordinator_port == 1234
+
+
 def test_appended_unknown_key_is_refused_before_the_run():
     with pytest.raises(Exception, match="nonexistent_key"):
-        run.preflight(["+nonexistent_key=1"])
+        preflight(["+nonexistent_key=1"])
 
 
-def test_profile_steps_outside_the_run_or_under_da_are_refused(compose):
-    from locoexp.errors import ConfigError
-
-    assert compose(["steps=3", "profile_steps=[0,2]"]).profile_steps == [0, 2]
+def test_profile_steps_outside_the_run_or_under_da_are_refused():
+    assert compose_config(["steps=3", "profile_steps=[0,2]"]).profile_steps == [0, 2]
     with pytest.raises(ConfigError, match=r"profile_steps=\[3\] must lie in \[0, steps=3\)"):
-        compose(["steps=3", "profile_steps=[3]"])
+        compose_config(["steps=3", "profile_steps=[3]"])
     with pytest.raises(ConfigError, match="not supported under placement=da"):
-        compose(["placement=da", "split=0.5", "hardware.hosts=2", "profile_steps=[0]"])
+        compose_config(["placement=da", "split=0.5", "hardware.hosts=2", "profile_steps=[0]"])

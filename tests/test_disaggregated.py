@@ -4,6 +4,7 @@ and no process left behind after a run or a failure."""
 
 import contextlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,8 +15,8 @@ import psutil
 import pytest
 import ray
 
-import run as run_module  # registers the config schema (conftest puts the repo on the path)
 from locoexp.algo.grpo import per_token_loss
+from locoexp.compose import compose_config
 from locoexp.dataset.build import build_task
 from locoexp.errors import ConfigError
 from locoexp.main import build_schedule
@@ -41,12 +42,24 @@ TIMING_KEYS = [
 ]  # fmt: skip
 
 
+# Ray's daemons and workers inherit this from the test process: they are this test's, not those
+# of another run sharing the machine (tests look only at what they started)
+os.environ["LOCOEXP_TEST_OWNER"] = str(os.getpid())
+
+
+def started_here(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.environ().get("LOCOEXP_TEST_OWNER") == str(os.getpid())
+    return False
+
+
 def ray_processes() -> set[int]:
-    """Ray's processes on this machine: actor workers (`ray::...`) and the cluster daemons."""
+    """This test's Ray processes: actor workers (`ray::...`) and the cluster daemons."""
     found = set()
     for process in psutil.process_iter(["pid", "name", "cmdline"]):
         cmdline = " ".join(process.info["cmdline"] or [])
-        if cmdline.startswith("ray::") or process.info["name"] in ("raylet", "gcs_server"):
+        is_ray = cmdline.startswith("ray::") or process.info["name"] in ("raylet", "gcs_server")
+        if is_ray and started_here(process):
             found.add(process.info["pid"])
     return found
 
@@ -73,7 +86,7 @@ def runs(tmp_path_factory):
 
 
 def _compose(overrides):
-    return run_module.compose_config(list(overrides))
+    return compose_config(list(overrides))
 
 
 def _steps(run_dir):
@@ -141,7 +154,7 @@ def test_every_batch_is_trained_once_with_the_scheduled_prompts(runs, layout):
 
 def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
     """Two trainer hosts (their own jax.distributed group) and two rollout hosts; one rollout
-    actor's process is killed after the first step is exported."""
+    actor's process is killed once step 0 is trained (its ledger line written)."""
     config = _compose(
         [*TINY, "split=0.5", "hardware.hosts=4", "steps=5000", "dataset.prompts_per_step=4",
          "dataset.samples_per_prompt=2"]
@@ -149,14 +162,14 @@ def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
     before = ray_processes()
     killed = []
 
-    def kill_a_rollout_host():
-        metrics = tmp_path / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
+    def kill_a_rollout_host():  # the run (5000 steps) does not end before this; pytest's timeout
+        ledger = tmp_path / "batches.jsonl"
+        while not (ledger.exists() and ledger.stat().st_size):
             time.sleep(0.2)
-        while time.monotonic() < deadline:  # the run is long enough not to end before this
+        while True:
             for process in psutil.process_iter(["cmdline"]):
-                if " ".join(process.info["cmdline"] or []).startswith("ray::RolloutHost"):
+                cmdline = " ".join(process.info["cmdline"] or [])
+                if cmdline.startswith("ray::RolloutHost") and started_here(process):
                     with contextlib.suppress(psutil.Error):
                         process.kill()
                         killed.append(process.pid)
@@ -171,12 +184,16 @@ def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
     assert killed
     assert not ray.is_initialized()
     assert_no_new_ray_processes(before)
-    records = _steps(tmp_path)
-    assert records and records[0]["train/staleness_steps"] == 0
+    trained = [json.loads(x) for x in (tmp_path / "batches.jsonl").read_text().splitlines()]
+    assert trained[0]["step"] == 0
 
 
-def test_a_split_that_does_not_give_rollout_hosts_whole_groups_is_refused(tmp_path):
-    config = _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=4"])
+def test_a_split_that_does_not_give_rollout_hosts_whole_groups_is_refused():
     with pytest.raises(ConfigError, match="divisible by the 3 rollout hosts"):
-        run_grpo(config, run_dir=tmp_path / "run", progress=False)
-    assert not (tmp_path / "run").exists()
+        _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=4"])
+
+
+def test_o1_is_refused_under_da_and_turned_off_by_its_placement_file():
+    assert not _compose([*TINY, "split=0.5", "hardware.hosts=2"]).opt.metrics_off_barrier
+    with pytest.raises(ConfigError, match="opt.metrics_off_barrier=true"):
+        _compose([*TINY, "split=0.5", "hardware.hosts=2", "opt.metrics_off_barrier=true"])

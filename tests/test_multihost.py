@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from locoexp.placement.launch import launch_local_processes
+from locoexp.placement.launch import free_port, launch_local_processes
 from locoexp.testing import multihost
 
 
@@ -50,6 +50,19 @@ def test_after_publication_each_host_engine_samples_with_the_new_weights(tmp_pat
         mask = result["mask"] > 0
         assert mask.sum() > 0
         np.testing.assert_allclose(result["trainer"][mask], result["engine"][mask], atol=2e-5)
+
+
+def test_the_coordinator_listens_on_hardware_coordinator_port(tmp_path):
+    port = free_port()
+    code = launch_local_processes(
+        multihost.listening_ports,
+        (str(tmp_path),),
+        num_processes=2,
+        devices_per_process=1,
+        coordinator_port=port,
+    )
+    assert code == 0
+    assert port in _load(tmp_path / "ports_0.npz")["ports"]
 
 
 def test_a_failing_host_stops_the_others_and_the_launcher_reports_it(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import run as run_module  # registers `config_schema` in Hydra's ConfigStore
+from locoexp.compose import compose_config
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
 
@@ -29,7 +29,7 @@ STEP_KEYS = {
 
 
 def test_two_step_pulse_writes_metrics_and_summary(tmp_path):
-    config = run_module.compose_config(["steps=2"])
+    config = compose_config(["steps=2"])
     summary = run_grpo(config, run_dir=tmp_path, progress=False)
 
     records = read_metrics_jsonl(tmp_path / "metrics.jsonl")

@@ -19,49 +19,17 @@ CPU figures from processes sharing this machine's cores; they are not TPU figure
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
+from bench_placements import launch  # this folder (a script's folder is on its path)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from locoexp.config import valid_splits
 
-from bench_placements import launch  # noqa: E402  (this folder; registers the schema)
-
-from locoexp.config import valid_splits  # noqa: E402
-
-DATA = REPO.parent / "shared" / "data" / "gsm8k"
-COMMON = ["logger=none", "eval_every_steps=0", "dataset.prompts_per_step=12"]
-WORKLOADS = {
-    # short prompts (~5 tokens), 48 forced output tokens: rollout is most of the step
-    "decode": [
-        "model=tiny",
-        "dataset=synthetic",
-        "dataset.synthetic.eval_size=4",
-        "dataset.samples_per_prompt=4",
-        "dataset.max_new_tokens=48",
-        "rollout.ignore_eos=true",
-    ],
-    # GSM8K prompts (~100-250 tokens) with the Qwen3 vocabulary, 4 output tokens: training the
-    # long packed rows (and the 152k-token head) is most of the step
-    "prefill": [
-        "model=tiny_qwen",
-        "model.hidden_dim=64",
-        "model.mlp_dim=192",
-        "model.num_layers=2",
-        "model.head_dim=16",
-        "dataset=gsm8k",
-        f"dataset.data_files={DATA / 'train.jsonl'}",
-        f"dataset.eval_data_files={DATA / 'test.jsonl'}",
-        "dataset.max_train_rows=512",
-        "dataset.eval_size=4",
-        "dataset.samples_per_prompt=4",
-        "dataset.max_prompt_tokens=256",
-        "dataset.max_new_tokens=4",
-        "rollout.ignore_eos=true",
-    ],
-}
+# experiments/experiment/bench_co_vs_da_<name>.yaml: decode-heavy (short prompts, 48 forced
+# output tokens: rollout is most of the step) and prefill-heavy (GSM8K prompts, 4 output tokens:
+# training the long packed rows and the 152k-token head is most of the step)
+WORKLOADS = ("decode", "prefill")
 
 
 def median(records: list[dict], *keys: str) -> float:
@@ -92,7 +60,7 @@ def eq4_terms(co: list[dict], da: list[dict]) -> dict[str, float]:
 
 
 def bench(workload: str, hosts: int, steps: int) -> dict:
-    base = COMMON + WORKLOADS[workload] + [f"hardware.hosts={hosts}"]
+    base = [f"+experiment=bench_co_vs_da_{workload}", f"hardware.hosts={hosts}"]
     co = launch(base + ["placement=co"], steps)
     result = {"workload": workload, "hosts": hosts, "splits": {}}
     for split in valid_splits(hosts):

@@ -14,38 +14,17 @@ These are CPU figures from processes sharing this machine's cores; they are not 
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from locoexp.analysis.compare import bootstrap_ratio, equal_work, verdict
+from locoexp.compose import compose_config
+from locoexp.main import run
+from locoexp.metrics.run_records import read_metrics_jsonl
 
-import run as run_module  # noqa: E402  (registers the config schema)
-from locoexp.analysis.compare import bootstrap_ratio, equal_work, verdict  # noqa: E402
-from locoexp.main import run  # noqa: E402
-from locoexp.metrics.run_records import read_metrics_jsonl  # noqa: E402
-
-DATA = REPO.parent / "shared" / "data" / "gsm8k"
-WORKLOAD = [
-    "model=tiny_qwen",
-    "model.hidden_dim=64",
-    "model.mlp_dim=192",
-    "model.num_layers=2",
-    "model.head_dim=16",
-    "dataset=gsm8k",
-    f"dataset.data_files={DATA / 'train.jsonl'}",
-    f"dataset.eval_data_files={DATA / 'test.jsonl'}",
-    "dataset.max_train_rows=512",
-    "dataset.prompts_per_step=8",
-    "dataset.samples_per_prompt=4",
-    "dataset.max_prompt_tokens=256",
-    "dataset.max_new_tokens=16",
-    "dataset.eval_size=4",
-    "eval_every_steps=0",
-]
+WORKLOAD = ["+experiment=bench_placements"]  # experiments/experiment/bench_placements.yaml
 LEVERS = {
     "O1": "opt.metrics_off_barrier",
     "O2": "opt.freeze_gc",
@@ -61,7 +40,7 @@ def launch(overrides: list[str], steps: int, *, profile: bool = False) -> list[d
     out of the step-time statistics: tracing slows the step it watches)."""
     extra = [f"steps={steps + 1}", f"profile_steps=[{steps}]"] if profile else [f"steps={steps}"]
     with tempfile.TemporaryDirectory() as folder:
-        config = run_module.compose_config([*overrides, *extra])
+        config = compose_config([*overrides, *extra])
         run(config, run_dir=folder, progress=False)
         records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
     return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]

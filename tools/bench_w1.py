@@ -10,8 +10,8 @@ Every figure is measured here, on this machine, in this process:
 1. the matmul rate: fp32 matmuls (square, and shaped like the output head) under XLA and NumPy,
    median of timed repeats after warm-up; the best sustained rate is the roofline denominator;
 2. rollout: `JaxEngine.generate` on 64 sequences, median after compile, against its FLOPs;
-3. the real step engine (`Colocated.step`, as `locoexp.main` builds it) split by phase, against
-   the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) / matmul rate;
+3. the real step loop (`locoexp.placement.loop` over the halves `locoexp.main` builds) by
+   phase, against the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) / matmul rate;
 4. time to first step (process start to the end of step 0, imports and compiles included) and
    peak RSS;
 5. optionally (default on) a profile of where rollout and train time goes against each floor.
@@ -25,12 +25,10 @@ ends with a host read of its results, so the clocks include device time.
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,31 +38,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from locoexp.compose import compose_config
 from locoexp.config import Config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example
-from locoexp.main import build_runner
+from locoexp.main import build_in_process, build_loop_plan
+from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import causal_segment_mask, init_cache
-from locoexp.placement import phases
-from locoexp.placement.colocated import Colocated
+from locoexp.placement.halves import Published
+from locoexp.placement.inprocess import InProcess
+from locoexp.placement.loop import LoopPlan, StepLoop
 from locoexp.placement.multihost import HostGroup
-from locoexp.rollout.requests import RequestQueue
 from locoexp.rollout.sampling import sample_tokens
 
-REPO = Path(__file__).resolve().parents[1]
-W1_OVERRIDES = [
-    "model=tiny_qwen",
-    "model.param_dtype=float32",
-    "dataset.max_prompt_tokens=64",
-    "dataset.max_new_tokens=64",
-    "dataset.prompts_per_step=8",
-    "dataset.samples_per_prompt=8",
-    "algo.learning_rate=1e-6",
-    "algo.kl_coef=0.0",
-    "rollout.temperature=1.0",
-    "rollout.ignore_eos=true",
-]
+W1 = ["+experiment=bench_w1"]  # experiments/experiment/bench_w1.yaml
 PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
 TARGETS = {
     "rollout_roofline_min": 0.70,
@@ -233,16 +221,9 @@ class RandomPromptTask:
         return rewards >= 0.5
 
 
-def compose_w1() -> Config:
-    """The W1 config through Hydra, as `run.py` composes it (`import run` registers the schema)."""
-    sys.path.insert(0, str(REPO))
-    import run  # noqa: PLC0415
-
-    return run.compose_config(W1_OVERRIDES)
-
-
-def build_w1_runner(config: Config) -> Colocated:
-    """`locoexp.main.build_runner` (engine, trainer, step settings) with W1's random-prompt task."""
+def build_w1_runner(config: Config) -> "CpuMarked":
+    """`locoexp.main.build_in_process` (engine, trainer, step settings) with W1's random-prompt
+    task, marked with CPU seconds and process age at each step's start."""
     d = config.dataset
     task = RandomPromptTask(
         vocab_size=config.model.vocab_size,
@@ -253,39 +234,55 @@ def build_w1_runner(config: Config) -> Colocated:
     schedule = PromptSchedule(
         len(task.train), d.prompts_per_step, seed=d.seed, batches_per_pass=None, passes=1
     )
-    return build_runner(config, task, schedule, HostGroup.current())
+    runner = build_in_process(config, task, schedule, HostGroup.current(), StepTimer())
+    return CpuMarked(rollout=runner.rollout, trainer=runner.trainer, hosts=runner.hosts)
 
 
-def run_steps(runner: Colocated, steps: int) -> tuple[float, list[dict]]:
-    """Step 0 (compiles) then `steps` timed steps, with `run_loop`'s O2 gc freeze after step 0.
+@dataclasses.dataclass(kw_only=True)
+class CpuMarked(InProcess):
+    """The in-process transport, noting CPU seconds and process age when each step starts."""
+
+    marks: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+
+    def start_rollout(self, step: int, published: Published):
+        self.marks.append((cpu_seconds(), process_age_s()))
+        return super().start_rollout(step, published)
+
+
+class Records:
+    """The loop's record sink: keeps every step record (the evaluation is not timed)."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+
+    def export(self, record: dict) -> None:
+        self.steps.append(record)
+
+    def on_eval(self, checkpoint, *, seconds: float) -> None:
+        pass
+
+
+def run_steps(runner: CpuMarked, plan: LoopPlan, steps: int) -> tuple[float, list[dict]]:
+    """Step 0 (compiles) then `steps` timed steps, by the one step loop (O2 as configured).
     Returns the process age at the end of step 0 and every step's record."""
-    records, first_step_s = [], 0.0
-    for step in range(steps + 1):
-        if step == 1 and runner.settings.opt.freeze_gc:
-            gc.collect()
-            gc.freeze()
-            gc.disable()
-        cpu_start = cpu_seconds()
-        with runner.timer.step():
-            metrics = runner.step(step)
-        if step == 0:
-            first_step_s = process_age_s()
-        records.append(
-            {"step": step, **metrics, **runner.timer.metrics(), "cpu_s": cpu_seconds() - cpu_start}
-        )
-    if runner.settings.opt.freeze_gc:
-        gc.enable()
-    return first_step_s, records
+    plan = dataclasses.replace(plan, steps=steps + 1, eval_at_updates=(), eval_every_steps=0)
+    sink, timer = Records(), runner.rollout.timer
+    StepLoop(runner, plan, timer=timer, output=sink, start_time=time.perf_counter()).run()
+    runner.marks.append((cpu_seconds(), process_age_s()))  # the end (after the final flush)
+    cpu = [b[0] - a[0] for a, b in zip(runner.marks, runner.marks[1:], strict=False)]
+    records = [{**r, "cpu_s": c} for r, c in zip(sink.steps, cpu, strict=True)]
+    return runner.marks[1][1], records
 
 
 # ---------------------------------------------------------------- profile
 
 
-def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
+def profile_rollout(runner: CpuMarked, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
     """The engine's compiled program alone, and one decode iteration's parts in isolation."""
-    engine, m = runner.engine, runner.engine.model_config
+    engine = runner.rollout.engine
+    m = engine.model_config
     n, p = len(prompts), len(prompts[0])
-    new, sampling = runner.settings.max_new_tokens, runner.settings.sampling
+    new, sampling = runner.rollout.settings.max_new_tokens, runner.rollout.settings.sampling
     program = engine._program(n, p, new, sampling)  # the very program generate() runs
     tokens, lens = (jax.device_put(x) for x in engine._left_pad(prompts, p))
     key = jax.random.key(1)
@@ -337,42 +334,12 @@ def profile_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) 
     return out
 
 
-def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
+def profile_train(runner: CpuMarked, repeats: int) -> dict[str, float]:
     """The train step alone on a real packed batch, its forward alone, and the body alone."""
-    s, trainer = runner.settings, runner.trainer
-    queue = RequestQueue()
-    admitted = phases.admit(
-        runner.task,
-        runner.schedule,
-        0,
-        host=0,
-        hosts=1,
-        group_size=s.group_size,
-        balance=False,
-        queue=queue,
-        pretokenized=False,
-    )
-    rollout = phases.generate(
-        runner.engine,
-        queue,
-        key=jax.random.key(3),
-        max_new_tokens=s.max_new_tokens,
-        sampling=s.sampling,
-    )
-    scored = phases.score(
-        runner.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
-    )
-    slots = len(admitted.requests) * s.max_new_tokens
-    slots = -(-slots // s.loss_slot_multiple) * s.loss_slot_multiple
-    batch = phases.pack(
-        admitted,
-        rollout,
-        scored,
-        row_tokens=s.row_tokens,
-        rows_multiple=1,
-        agree_rows=lambda rows: rows,
-        loss_slots=slots,
-    )
+    half, trainer = runner.trainer, runner.trainer.trainer
+    with runner.rollout.timer.step():  # the halves time their phases inside a step
+        part = runner.rollout.run(0, Published(trainer.steps_done))
+        batch, _ = half.pack([part], carried=None)
     placed = trainer.device_batch(batch)
     graphdef = trainer.graphdef
 
@@ -397,13 +364,13 @@ def profile_train(runner: Colocated, repeats: int) -> dict[str, float]:
 # ---------------------------------------------------------------- report
 
 
-def bench_rollout(runner: Colocated, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
+def bench_rollout(runner: CpuMarked, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
     """`JaxEngine.generate` wall seconds (median after the compile of the first call)."""
-    s, results = runner.settings, []
+    s, results = runner.rollout.settings, []
 
     def once():
         results.append(
-            runner.engine.generate(
+            runner.rollout.engine.generate(
                 prompts,
                 key=jax.random.key(len(results)),
                 max_new_tokens=s.max_new_tokens,
@@ -439,10 +406,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         flush=True,
     )
 
-    config = compose_w1()
+    config = compose_config(W1)
     m, d = config.model, config.dataset
     runner = build_w1_runner(config)
-    first_step_s, records = run_steps(runner, args.steps)
+    first_step_s, records = run_steps(runner, build_loop_plan(config), args.steps)
     rss_run = peak_rss_gb()
     n = d.prompts_per_step * d.samples_per_prompt
     rng = np.random.default_rng(1)
@@ -457,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     t_flops = train_flops(
         m,
         rows=rows,
-        row_tokens=runner.settings.row_tokens,
+        row_tokens=runner.rollout.settings.row_tokens,
         sequence_tokens=d.max_prompt_tokens + d.max_new_tokens,
         sequences=n,
         loss_slots=n * d.max_new_tokens,
@@ -468,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     floor_s = (r_flops["total"] + t_flops["total"]) / rate
     roofline = r_flops["total"] / rollout["seconds"] / rate
     report.update(
-        overrides=W1_OVERRIDES,
+        overrides=W1,
         matmul=rates,
         roofline_gflops=best["gflops"],
         roofline_source=f"{best['matmul']} ({best['backend']})",
@@ -541,7 +508,7 @@ def print_report(r: dict, m: ModelConfig) -> None:
         f"{ro['roofline_fraction']:.1%} of the roofline"
     )
     steps = len(st["reward_mean"]) - 1
-    print(f"\n3. GRPO step (Colocated.step, medians of {steps} steps after step 0):")
+    print(f"\n3. GRPO step (the step loop, medians of {steps} steps after step 0):")
     for name, seconds in st["phases_s"].items():
         print(f"  {name:<12} {seconds:8.3f} s")
     print(f"  {'unaccounted':<12} {st['unaccounted_s']:8.3f} s")
@@ -604,7 +571,7 @@ def print_report(r: dict, m: ModelConfig) -> None:
 
 
 def run_profile(
-    runner: Colocated,
+    runner: CpuMarked,
     prompts: list[np.ndarray],
     repeats: int,
     rate: float,
@@ -613,7 +580,7 @@ def run_profile(
     t_flops: dict,
 ) -> dict:
     """Each part's time next to its floor (FLOPs / roofline rate)."""
-    n, new = len(prompts), runner.settings.max_new_tokens
+    n, new = len(prompts), runner.rollout.settings.max_new_tokens
     ro = profile_rollout(runner, prompts, repeats)
     tr = profile_train(runner, repeats)
     body_dec = n * (2 * body_params(m) + attention_flops(m, len(prompts[0]) + 32))

@@ -26,8 +26,9 @@ class HardwareConfig:
     # None (hardware=cpu only): this machine's physical memory shared by all local devices.
     memory_per_device_gib: float | None = None
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
-    # hardware=cpu: the launcher's coordinator address for jax.distributed.
-    coordinator_port: int = 0  # 0 = pick a free port
+    # The jax.distributed coordinator's port: the local launcher's (hardware=cpu, on 127.0.0.1)
+    # and the da trainer group's (on trainer host 0). 0 = pick a free port.
+    coordinator_port: int = 0
 
     @property
     def devices_per_host(self) -> int:

@@ -6,7 +6,10 @@ first of two consecutive scored checkpoints that clear the target, evaluation ex
 It owns files and the logger only; it never starts processes or reads clocks of its own.
 """
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,35 @@ class RunOutput:
         self.bar.close()
         self.metrics_file.close()
         self.logger.finish()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """Where a run writes and under which names (plain values: host processes receive it)."""
+
+    run_dir: str
+    resolved_config: dict[str, Any] | None
+    sweep_name: str | None
+    progress: bool
+
+    @contextlib.contextmanager
+    def open(self, logger: LoggerConfig, *, steps: int, leader: bool) -> Iterator[Any]:
+        """The run's `RunOutput` on the leader (None elsewhere), closed however the run ends."""
+        if not leader:
+            yield None
+            return
+        output = RunOutput(
+            Path(self.run_dir),
+            logger=logger,
+            resolved_config=self.resolved_config or {},
+            sweep_name=self.sweep_name,
+            steps=steps,
+            progress=self.progress,
+        )
+        try:
+            yield output
+        finally:
+            output.close()
 
 
 def summarize_steps(records: list[dict]) -> dict[str, float]:

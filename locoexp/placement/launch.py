@@ -102,12 +102,14 @@ def launch_local_processes(
     *,
     num_processes: int,
     devices_per_process: int,
+    coordinator_port: int = 0,
     poll_s: float = 0.2,
 ) -> int:
-    """Run `target(*args)` in `num_processes` spawned processes; returns the first failing exit
-    code (and stops the rest), or 0 when all succeed."""
+    """Run `target(*args)` in `num_processes` spawned processes, their `jax.distributed`
+    coordinator on 127.0.0.1:`coordinator_port` (0: a free port); returns the first failing
+    exit code (and stops the rest), or 0 when all succeed."""
     context = multiprocessing.get_context("spawn")
-    coordinator = f"127.0.0.1:{free_port()}"
+    coordinator = f"127.0.0.1:{coordinator_port or free_port()}"
     processes = [
         context.Process(
             target=_process_main,

@@ -46,6 +46,27 @@ class HostGroup:
         return np.asarray(multihost_utils.process_allgather(values)).reshape(self.count, -1)
 
 
+def exchange_rows(
+    group: HostGroup, rows: int, *, carried: dict[str, float] | None
+) -> tuple[int, list[dict[str, float]] | None]:
+    """The packed-shape agreement: every host's row count -> the largest (Algorithm 1, line 4).
+    O1 (Table B1): `carried`, this host's record of the previous step, rides on the same
+    collective; every host's comes back (None when nothing was carried)."""
+    keys = sorted(carried or {})
+    gathered = group.allgather(np.array([rows, *(carried[k] for k in keys)], np.float64))
+    return int(gathered[:, 0].max()), None if carried is None else _records(keys, gathered[:, 1:])
+
+
+def exchange_metrics(group: HostGroup, record: dict[str, float]) -> list[dict[str, float]]:
+    """This host's record -> every host's, in a collective of its own (the barrier O1 avoids)."""
+    keys = sorted(record)
+    return _records(keys, group.allgather(np.array([record[k] for k in keys], np.float64)))
+
+
+def _records(keys: list[str], rows: np.ndarray) -> list[dict[str, float]]:
+    return [dict(zip(keys, row.tolist(), strict=True)) for row in rows]
+
+
 @functools.cache
 def _replicator(mesh: Mesh):
     return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))

@@ -1,14 +1,12 @@
 """The phases of one step (the paper's Algorithm 1), shared by every placement.
 
 admission -> generation -> reward + group advantage -> pack -> train -> publish -> log.
-Each phase is a plain function of runtime objects; a placement composes them (and decides where
-each runs), it never re-implements one. Shapes: B prompts on this host, G samples per prompt,
-N = B * G requests.
+Each phase is a plain function of runtime objects; the two halves of a step (`halves.py`) compose
+them for every placement and never re-implement one. Shapes: B prompts on this host, G samples
+per prompt, N = B * G requests.
 """
 
 import dataclasses
-import time
-from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -19,12 +17,10 @@ from locoexp.algo.grpo import compute_group_advantages
 from locoexp.dataset.admission import AdmissionRecord, admit_requests
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
-from locoexp.metrics.timing import StepTimer
 from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
 from locoexp.rollout.requests import RequestQueue
-from locoexp.trainer.packing import PackedBatch, pack_sequences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,98 +121,6 @@ def score(
     return Scored(rewards=rewards, advantages=compute_group_advantages(rewards, advantage, eps))
 
 
-@dataclasses.dataclass(frozen=True)
-class HostRollout:
-    """The rollout half of a step on one host: admission, generation, reward."""
-
-    admitted: Admitted
-    rollout: Rollout
-    scored: Scored
-    generation_s: float
-    head_interval_s: float  # Figure 5: start of the step to the start of generation
-
-    def metrics(self) -> dict[str, float]:
-        """Equal-work fields, reward, admission and seconds per decode iteration of this host's
-        share."""
-        iterations = max(self.rollout.decode_iterations, 1)
-        return {
-            **rollout_metrics(self.admitted, self.rollout, self.scored),
-            **self.admitted.record.metrics(),
-            "timing/head_interval_s": self.head_interval_s,
-            "rollout/decode_s_per_iteration": self.generation_s / iterations,
-        }
-
-
-def run_rollout(
-    task: Task,
-    schedule: PromptSchedule,
-    engine: JaxEngine,
-    step: int,
-    *,
-    host: int,
-    hosts: int,
-    settings: StepSettings,
-    timer: StepTimer,
-) -> HostRollout:
-    """Admission, generation and reward of this host's share of batch `step`, each a timed
-    phase; the rollout side of every placement runs exactly this."""
-    s = settings
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), host)
-    queue = RequestQueue()
-    with timer.phase("admission"):
-        admitted = admit(
-            task,
-            schedule,
-            step,
-            host=host,
-            hosts=hosts,
-            group_size=s.group_size,
-            balance=s.opt.balance_prompts,
-            queue=queue,
-            pretokenized=s.opt.pretokenize_prompts,
-        )
-    head_interval_s = timer.elapsed_s()
-    with timer.phase("generation"):
-        start = time.perf_counter()
-        rollout = generate(
-            engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
-        )
-        generation_s = time.perf_counter() - start
-    with timer.phase("reward"):
-        scored = score(task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps)
-    return HostRollout(
-        admitted=admitted,
-        rollout=rollout,
-        scored=scored,
-        generation_s=generation_s,
-        head_interval_s=head_interval_s,
-    )
-
-
-def pack(
-    admitted: Admitted,
-    rollout: Rollout,
-    scored: Scored,
-    *,
-    row_tokens: int,
-    rows_multiple: int,
-    agree_rows,
-    loss_slots: int | None = None,
-) -> PackedBatch:
-    """Pack: fixed-length rows; hosts agree on the padded row count (`agree_rows`)."""
-    n = len(admitted.requests)
-    return pack_sequences(
-        list(admitted.requests),
-        [rollout.completion(i) for i in range(n)],
-        [rollout.logprobs[i, : rollout.lengths[i]] for i in range(n)],
-        scored.advantages.reshape(-1),
-        row_tokens=row_tokens,
-        rows_multiple=rows_multiple,
-        agree_rows=agree_rows,
-        loss_slots=loss_slots,
-    )
-
-
 def publish(params, engine: JaxEngine, *, mesh: Mesh, one_call: bool) -> None:
     """Weight publication: gather the FSDP shards into this host's engine replica (O4: every
     weight in one gather and one load; otherwise per layer)."""
@@ -242,26 +146,3 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
         "rollout/decode_iterations": rollout.decode_iterations,
         "rollout/waves": rollout.waves,
     }
-
-
-def evaluate(
-    task: Task,
-    engine: JaxEngine,
-    examples: Sequence[Example],
-    *,
-    key: jax.Array,
-    max_new_tokens: int,
-    sampling: SamplingParams,
-) -> tuple[int, int]:
-    """Held-out evaluation of `examples` (this host's share): (correct, scored), one sample each
-    at the evaluation temperature."""
-    if not examples:
-        return 0, 0
-    rollout = engine.generate(
-        [e.prompt_tokens for e in examples],
-        key=key,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-    )
-    rewards = task.score(list(examples), [rollout.completion(n) for n in range(len(examples))])
-    return int(task.is_correct(rewards).sum()), len(examples)

@@ -130,6 +130,15 @@ def _flat(state):
     return jax.tree_util.tree_flatten_with_path(state)[0]
 
 
+def listening_ports(out_dir: str) -> None:
+    """Each host writes the TCP ports it listens on (process 0 hosts the coordinator service)."""
+    import psutil  # noqa: PLC0415  (a test dependency)
+
+    connections = psutil.Process().net_connections(kind="tcp")
+    ports = sorted({c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN})
+    np.savez(Path(out_dir) / f"ports_{jax.process_index()}.npz", ports=np.array(ports))
+
+
 def fail_on_host_one(out_dir: str) -> None:
     """Host 1 fails at once; host 0 would block on a collective forever without the launcher."""
     if jax.process_index() == 1:

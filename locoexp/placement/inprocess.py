@@ -1,0 +1,59 @@
+"""The in-process transport: both halves of the step in this process, staleness 0.
+
+`placement=co` (LoCoJAX-CO, Algorithm 1): one process per host; each admits its own prompts,
+runs its own engine over its own devices, scores its own groups; all hosts then train one
+FSDP-sharded step and load the updated weights into their engines.
+
+`placement=single_controller` (the Pathways baseline's structure, Section 2): the same step run
+by one process over every device: it admits all requests serially and its engine is one
+lockstep program across all devices (`layout.py`: one process holding every device).
+
+Every host runs `loop.StepLoop` with this transport; what crosses hosts is `multihost.py`'s.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from locoexp.metrics.timing import StepTimer
+from locoexp.placement.halves import (
+    HalfReport,
+    Published,
+    RolloutBatch,
+    RolloutHalf,
+    TrainerHalf,
+    TrainResult,
+)
+from locoexp.placement.multihost import HostGroup, exchange_metrics
+
+
+@dataclasses.dataclass(kw_only=True)
+class InProcess:
+    rollout: RolloutHalf
+    trainer: TrainerHalf
+    hosts: HostGroup
+
+    def start_rollout(self, step: int, published: Published) -> RolloutBatch:
+        return self.rollout.run(step, published)
+
+    def collect_rollout(
+        self, pending: RolloutBatch, timer: StepTimer | None
+    ) -> tuple[list[HalfReport], list[RolloutBatch]]:
+        return [pending.report], [pending]
+
+    def start_train(
+        self, step: int, batches: list[RolloutBatch], *, carried: dict | None
+    ) -> TrainResult:
+        return self.trainer.train(step, batches, carried=carried)
+
+    def collect_train(self, pending: TrainResult, timer: StepTimer) -> list[TrainResult]:
+        return [pending]
+
+    def exchange(self, record: dict) -> list[dict]:
+        return exchange_metrics(self.hosts, record)
+
+    def evaluate(self, published: Published, *, limit: int | None) -> float:
+        """Held-out accuracy; each host scores an equal share of the examples."""
+        correct, scored = self.rollout.evaluate(published, limit=limit)
+        totals = self.hosts.allgather(np.array([correct, scored])).sum(axis=0)
+        return float(totals[0] / max(totals[1], 1))

@@ -1,0 +1,258 @@
+"""The one step loop of every placement.
+
+Design note.
+- Halves (`halves.py`): a step is a rollout half (load, admission, generation, reward -> a frozen
+  `RolloutBatch`) and a trainer half (pack, train, publish -> a `TrainResult` with a typed
+  `Published(version)`). Algorithm 1's phases inside them are `phases.py`'s functions.
+- Transports carry batches and results between the halves: `InProcess` (`inprocess.py`): both
+  halves in this process and every host runs this loop (`co`: one process per host, its own
+  share; `single_controller`: one process over every device); `RayActors` (`ray_transport.py`):
+  Ray actors wrap the same halves and only the driver runs this loop (`da`).
+- Staleness s: batch t is sampled with the weights published after step t-1-s. s=0 (`co`,
+  `single_controller`): batch t starts after update t-1 is published, on-policy. s=1 (`da`):
+  batch t+1 starts while step t trains, with the weights of step t-1; the loss importance-weights
+  it by its behaviour log-probs (`algo.tis_cap`).
+- Where the levers act (Table B1): O1 in the trainer half's row exchange (`multihost.exchange_rows`
+  carries step t's per-host record instead of a collective of its own; refused under `da`, whose
+  hosts report to the driver); O2 here (gc frozen after warm-up) and in every Ray actor; O3 in
+  admission (`phases.split_across_hosts`); O4 in publication (`multihost.gather_for_engine`) and,
+  under `da`, in the rollout host's weight load. `Config._check_placement_keys` is the one place
+  that says which placement honours which key.
+
+The loop owns the bookkeeping shared by every placement: the evaluation schedule, the delayed
+emission of step t's record (it crosses hosts, and under `da` waits for batch t+1's overlap,
+during step t+1), evaluation wall time kept off the clock, the summary and cost-to-learn. It never
+decides what a phase does, how data moves, or what a run writes (`metrics.run_output` does).
+"""
+
+import dataclasses
+import gc
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from locoexp.metrics.breakdown import StepProfiler
+from locoexp.metrics.cost import Checkpoint
+from locoexp.metrics.run_output import RunOutput, summarize_steps
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
+from locoexp.placement.halves import HalfReport, Published, TrainResult
+from locoexp.placement.multihost import combine_host_metrics
+
+
+class Transport(Protocol):
+    """Where the halves run. `start_*` hand work over, `collect_*` wait for it (idempotent);
+    `collect_*` time their wait on the loop's timer where the work runs elsewhere."""
+
+    def start_rollout(self, step: int, published: Published) -> Any: ...
+
+    def collect_rollout(
+        self, pending: Any, timer: StepTimer | None
+    ) -> tuple[list[HalfReport], Any]: ...
+
+    def start_train(self, step: int, batches: Any, *, carried: dict | None) -> Any: ...
+
+    def collect_train(self, pending: Any, timer: StepTimer) -> list[TrainResult]: ...
+
+    def exchange(self, record: dict) -> list[dict]: ...
+
+    def evaluate(self, published: Published, *, limit: int | None) -> float: ...
+
+
+class RecordSink(Protocol):
+    """Where records go: `metrics.run_output.RunOutput` (or a benchmark's list)."""
+
+    def export(self, record: dict) -> None: ...
+
+    def on_eval(self, checkpoint: Checkpoint, *, seconds: float) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopPlan:
+    steps: int
+    staleness: int  # 0: co, single_controller; 1: da
+    eval_every_steps: int
+    eval_at_updates: tuple[int, ...]
+    eval_limit: int | None
+    metrics_off_barrier: bool  # O1
+    freeze_gc: bool  # O2
+    # cost-to-learn (Appendix I.1): the target accuracy and what a chip-hour is
+    eval_target: float
+    chips: int
+    chip_hour_price_usd: float
+    warmup_steps: int = 1
+
+    def evaluates_after(self, updates: int) -> bool:
+        every = self.eval_every_steps
+        return (
+            bool(every and updates % every == 0)
+            or updates in self.eval_at_updates
+            or updates == self.steps
+        )
+
+
+def drive(
+    transport: Transport,
+    plan: LoopPlan,
+    *,
+    timer: StepTimer,
+    output: RunOutput | None,
+    start_time: float,
+    profiler: StepProfiler | None = None,
+) -> dict[str, Any]:
+    """Run the loop; the leader's `output` gets every record and `summary.json` (with
+    cost-to-learn); returns the summary (on every host). The caller closes `output`.
+    `profiler`: the steps this process traces (`profile_steps`)."""
+    loop = StepLoop(transport, plan, timer=timer, output=output, start_time=start_time)
+    loop.profiler = profiler or loop.profiler
+    summary = summarize(loop.run(), staleness=plan.staleness)
+    if output is None:
+        return summary
+    return output.finish(
+        summary,
+        target=plan.eval_target,
+        chips=plan.chips,
+        chip_hour_price_usd=plan.chip_hour_price_usd,
+        wall_s=time.perf_counter() - start_time,
+    )
+
+
+class StepLoop:
+    """Steps, evaluations and records of one run (see the design note above)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        plan: LoopPlan,
+        *,
+        timer: StepTimer,
+        output: RecordSink | None,
+        start_time: float,
+    ):
+        self.transport, self.plan, self.timer = transport, plan, timer
+        self.output, self.start_time = output, start_time
+        self.records: list[dict] = []
+        self.eval_total_s = 0.0
+        self.published = Published(0)
+        self.pending = None  # the next batch's rollout, once started
+        self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
+        self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
+
+    def run(self) -> list[dict]:
+        try:
+            if self.plan.staleness:
+                self.pending = self.transport.start_rollout(0, self.published)
+            for step in range(self.plan.steps):
+                if step == self.plan.warmup_steps and self.plan.freeze_gc:
+                    freeze_gc()
+                self._step(step)
+                if self.plan.evaluates_after(step + 1):
+                    self._emit(None)
+                    self._evaluate(step)
+            self._emit(None)
+        finally:
+            if self.plan.freeze_gc:
+                unfreeze_gc()
+        return self.records
+
+    def _step(self, step: int) -> None:
+        t, timer, last = self.transport, self.timer, step + 1 == self.plan.steps
+        with self.profiler.capture(step):
+            with timer.step():
+                if not self.plan.staleness:
+                    self.pending = t.start_rollout(step, self.published)
+                reports, batches = t.collect_rollout(self.pending, timer)
+                carried = (
+                    self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
+                )
+                training = t.start_train(step, batches, carried=carried)
+                self.pending = None
+                if self.plan.staleness and not last:
+                    self.pending = t.start_rollout(step + 1, self.published)
+                results = t.collect_train(training, timer)
+                with timer.phase("log"):
+                    self._emit(results[0].exchanged, next_reports=reports)
+            step_end = time.perf_counter()
+        breakdown = self.profiler.metrics(step)
+        if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation
+            self.eval_total_s += time.perf_counter() - step_end
+        self.published = results[0].published
+        record = {
+            "step": step,
+            **combine_host_metrics([r.metrics for r in reports]),
+            **combine_host_metrics([r.report.metrics for r in results]),
+            **timer.metrics(),
+            **breakdown,
+            "time/elapsed_s": time.perf_counter() - self.start_time - self.eval_total_s,
+        }
+        self.previous = (record, results)
+
+    def _emit(self, exchanged: list[dict] | None, *, next_reports=None) -> None:
+        """Step t's record: every host's (O1: `exchanged` from the row exchange; otherwise a
+        collective of its own), reduced; under `da` with its overlap of batch t+1."""
+        if self.previous is None:
+            return
+        record, trained = self.previous
+        self.previous = None
+        record = combine_host_metrics(exchanged or self.transport.exchange(record))
+        record["step"] = int(record["step"])
+        record["timing/host_orchestration_s"] = host_orchestration_s(record)
+        record["timing/host_orchestration_share"] = (
+            record["timing/host_orchestration_s"] / record["timing/step_s"]
+        )
+        if self.plan.staleness:
+            if next_reports is None and self.pending is not None:
+                next_reports, _ = self.transport.collect_rollout(self.pending, None)
+            record.update(overlap(trained, next_reports))
+        self.records.append(record)
+        if self.output is not None:
+            self.output.export(record)
+
+    def _evaluate(self, step: int) -> None:
+        """Held-out accuracy of the newest weights; its wall time is kept off the step clock."""
+        start = time.perf_counter()
+        accuracy = self.transport.evaluate(self.published, limit=self.plan.eval_limit)
+        seconds = time.perf_counter() - start
+        if self.output is not None:
+            elapsed = start - self.start_time - self.eval_total_s
+            self.output.on_eval(
+                Checkpoint(step=step, elapsed_s=elapsed, score=accuracy), seconds=seconds
+            )
+        self.eval_total_s += seconds
+
+
+def freeze_gc() -> None:
+    """O2 (Table B1): after warm-up, what it allocated is never scanned again."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
+def unfreeze_gc() -> None:
+    gc.enable()
+    gc.unfreeze()
+
+
+def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict:
+    """How long step t's training (transfer to publish) ran alongside batch t+1's rollout."""
+    start = min(t.report.window.start for t in trained)
+    end = max(t.report.window.end for t in trained)
+    seconds = 0.0
+    if next_reports:
+        r_start = min(r.window.start for r in next_reports)
+        r_end = max(r.window.end for r in next_reports)
+        seconds = max(0.0, min(end, r_end) - max(start, r_start))
+    return {"timing/overlap_s": seconds, "timing/overlap_share": seconds / max(end - start, 1e-9)}
+
+
+def summarize(records: list[dict], *, staleness: int) -> dict[str, float]:
+    """Every placement's summary keys; with staleness, what was achieved after warm-up."""
+    summary = summarize_steps(records)
+    if staleness:
+        steady = records[1:] or records
+        summary["staleness_steps_max"] = float(max(r["train/staleness_steps"] for r in steady))
+        summary["overlap_share_median"] = float(
+            np.median([r["timing/overlap_share"] for r in steady])
+        )
+    return summary

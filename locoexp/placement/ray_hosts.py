@@ -1,0 +1,199 @@
+"""The Ray side of `placement=da`: one actor per host wrapping a half, and their lifetimes.
+
+- `RolloutHost` wraps a `RolloutHalf` (its own engine over its own devices); it never joins the
+  trainer's `jax.distributed` group. Published weights reach it through Ray's object store (dL).
+- `TrainerHost` wraps a `TrainerHalf`: the trainer hosts form their own `jax.distributed` group
+  (gloo on CPU, coordinator on trainer 0 at `hardware.coordinator_port`, or a free port), fetch
+  every rollout host's batch (transfer), train FSDP, and the leader puts one host copy of the new
+  weights into the object store (publication, dpub).
+
+The halves come from factories that `locoexp.main` builds and Ray ships to the actors; this module
+never reads a config and never decides the schedule (`loop.py` does). Actors start with
+`XLA_FLAGS` in their environment so jax sees `devices_per_host` CPU devices.
+"""
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import ray
+from flax import nnx
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
+from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
+from locoexp.placement.launch import free_port, initialize_distributed
+from locoexp.placement.loop import freeze_gc
+from locoexp.placement.multihost import HostGroup, gather_for_engine
+from locoexp.trainer.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DaLayout:
+    """Who runs where: host counts per side, devices per host, and the Ray cluster to use."""
+
+    trainer_hosts: int
+    rollout_hosts: int
+    devices_per_host: int
+    cpu_devices: bool  # hardware=cpu: each actor gets its devices through XLA_FLAGS
+    ray_address: str | None  # None: a local cluster on 127.0.0.1
+    coordinator_port: int  # the trainer group's jax.distributed coordinator; 0 = a free port
+
+
+def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
+    """A half's report with the actor's timings; its step time is `timing/<side>_s`."""
+    times = timer.metrics()
+    times[f"timing/{side}_host_orchestration_s"] = host_orchestration_s(times)
+    times[f"timing/{side}_s"] = times.pop("timing/step_s")
+    del times["timing/unaccounted_s"]
+    return HalfReport({**report.metrics, **times}, report.window)
+
+
+class _Actor:
+    """O2 (Table B1) in an actor: gc frozen once its first (warm-up) call has run."""
+
+    freeze_after_warmup: bool = False
+    calls: int = 0
+
+    def _count_call(self) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.freeze_after_warmup:
+            freeze_gc()
+
+
+class RolloutHost(_Actor):
+    def __init__(self, build: Callable[..., Any], *, index: int, hosts: int, freeze: bool):
+        self.timer, self.freeze_after_warmup = StepTimer(), freeze
+        self.half = build(host=index, hosts=hosts, timer=self.timer)
+
+    def generate(self, step: int, published: Published) -> tuple[HalfReport, RolloutBatch]:
+        """Batch `step`'s share of this host: (report for the driver, batch for the trainers)."""
+        self._count_call()
+        with self.timer.step():
+            batch = self.half.run(step, published)
+        report = side_report(batch.report, self.timer, "rollout")
+        return report, dataclasses.replace(batch, report=report)
+
+    def evaluate(self, published: Published, *, limit: int | None) -> tuple[int, int]:
+        return self.half.evaluate(published, limit=limit)
+
+
+class TrainerHost(_Actor):
+    """Trainer host `index` of `hosts`; `join` forms the trainer's own jax.distributed group."""
+
+    def __init__(self, *, index: int, hosts: int):
+        self.index, self.hosts = index, hosts
+
+    def coordinator_address(self, port: int) -> str:
+        """Where the trainer group's coordinator listens (called on host 0 only)."""
+        return f"{ray.util.get_node_ip_address()}:{port or free_port()}"
+
+    def join(self, coordinator: str, build: Callable[..., Any], *, freeze: bool) -> int:
+        """Join the group and build the trainer half on its devices; returns the device count."""
+        initialize_distributed(
+            coordinator=coordinator if self.hosts > 1 else None,
+            num_processes=self.hosts,
+            process_id=self.index,
+        )
+        self.timer, self.freeze_after_warmup = StepTimer(), freeze
+        self.half = build(group=HostGroup.current(), timer=self.timer)
+        return self.half.trainer.devices
+
+    def train(self, step: int, batches: list) -> TrainResult:
+        """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer)."""
+        self._count_call()
+        with self.timer.step():
+            with self.timer.phase("transfer"):
+                fetched = ray.get(batches)
+            result = self.half.train(step, fetched)
+        return dataclasses.replace(result, report=side_report(result.report, self.timer, "trainer"))
+
+
+def publish_to_object_store(trainer: Trainer, *, one_call: bool) -> Published | None:
+    """All-gather the new weights on every trainer host (O4: in one program, else per layer);
+    the leader puts one host copy into the object store, versioned by updates applied."""
+    local = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=one_call)
+    if jax.process_index() != 0:
+        jax.block_until_ready(local)
+        return None
+    host_copy = jax.tree.map(np.asarray, local)
+    return Published(trainer.steps_done, ray.put(nnx.to_pure_dict(host_copy)))
+
+
+def load_from_object_store(engine, published: Published, *, template, one_call: bool) -> None:
+    """dL: fetch `published` and load it into the engine (O4: in one call, else per layer).
+    `template` is the engine's parameter tree as shapes, filled in place."""
+    nnx.replace_by_pure_dict(template, ray.get(published.weights))
+    if one_call:
+        engine.load_weights(template)
+    else:
+        engine.load_weights_per_layer(template)
+    jax.block_until_ready(engine.params)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Hosts:
+    """The run's actor handles (and their placement group), in host order per side."""
+
+    trainers: list = dataclasses.field(default_factory=list)
+    rollouts: list = dataclasses.field(default_factory=list)
+    group: Any = None
+
+    def stop(self) -> None:
+        for actor in self.trainers + self.rollouts:
+            ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+
+def start_ray(layout: DaLayout) -> None:
+    options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True)
+    if layout.ray_address is None:
+        hosts = layout.trainer_hosts + layout.rollout_hosts
+        ray.init(address="local", num_cpus=hosts, _node_ip_address="127.0.0.1", **options)
+    else:
+        ray.init(address=layout.ray_address, **options)
+
+
+def start_hosts(
+    hosts: Hosts,
+    layout: DaLayout,
+    *,
+    build_rollout: Callable[..., Any],
+    build_trainer: Callable[..., Any],
+    freeze: bool,
+) -> None:
+    """One actor per host in one placement group (one bundle per host; spread over nodes when
+    joining a real cluster); the trainer group joins on trainer 0's coordinator."""
+    count = layout.trainer_hosts + layout.rollout_hosts
+    strategy = "PACK" if layout.ray_address is None else "STRICT_SPREAD"
+    hosts.group = placement_group([{"CPU": 1}] * count, strategy=strategy)
+    ray.get(hosts.group.ready())
+    env = {}
+    if layout.cpu_devices:
+        flag = f"--xla_force_host_platform_device_count={layout.devices_per_host}"
+        env = {"XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+
+    def options(bundle: int) -> dict:
+        where = PlacementGroupSchedulingStrategy(hosts.group, placement_group_bundle_index=bundle)
+        return dict(num_cpus=1, runtime_env={"env_vars": env}, scheduling_strategy=where)
+
+    trainer_cls, rollout_cls = ray.remote(TrainerHost), ray.remote(RolloutHost)
+    for i in range(layout.trainer_hosts):
+        hosts.trainers.append(
+            trainer_cls.options(**options(i)).remote(index=i, hosts=layout.trainer_hosts)
+        )
+    for i in range(layout.rollout_hosts):
+        hosts.rollouts.append(
+            rollout_cls.options(**options(layout.trainer_hosts + i)).remote(
+                build_rollout, index=i, hosts=layout.rollout_hosts, freeze=freeze
+            )
+        )
+    port = layout.coordinator_port
+    coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(port))
+    joined = [t.join.remote(coordinator, build_trainer, freeze=freeze) for t in hosts.trainers]
+    ray.get(joined + [r.__ray_ready__.remote() for r in hosts.rollouts])
