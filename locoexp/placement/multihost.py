@@ -68,14 +68,18 @@ def _records(keys: list[str], rows: np.ndarray) -> list[dict[str, float]]:
 
 
 @functools.cache
-def _replicator(mesh: Mesh):
-    return jax.jit(lambda p: p, out_shardings=NamedSharding(mesh, PS()))
+def _replicator(mesh: Mesh, dtype):
+    cast = (
+        (lambda p: p) if dtype is None else (lambda p: jax.tree.map(lambda x: x.astype(dtype), p))
+    )
+    return jax.jit(cast, out_shardings=NamedSharding(mesh, PS()))
 
 
-def replicate(params, mesh: Mesh):
+def replicate(params, mesh: Mesh, dtype=None):
     """All-gather sharded params into a full copy on every device of `mesh` (one program,
-    compiled once per tree structure)."""
-    return _replicator(mesh)(params)
+    compiled once per tree structure), cast to `dtype` first when given (the engine's: a bf16
+    sampler of an fp32 trainer gathers half the bytes, Table I3)."""
+    return _replicator(mesh, dtype)(params)
 
 
 def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
@@ -90,20 +94,21 @@ def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:
     )
 
 
-def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool):
-    """Trainer params (FSDP over `mesh`) -> a full replica on this host's engine `devices`.
+def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call: bool, dtype=None):
+    """Trainer params (FSDP over `mesh`) -> a full replica in `dtype` (default: theirs) on this
+    host's engine `devices`.
 
     O4 (Table B1): one gather program for every weight; otherwise one per layer and one per
     remaining top-level parameter group, as a per-layer publisher does."""
     if one_call:
-        full = replicate(params, mesh)
+        full = replicate(params, mesh, dtype)
     else:
         pure = nnx.to_pure_dict(params)
         gathered = {
             name: (
-                {i: replicate(layer, mesh) for i, layer in sub.items()}
+                {i: replicate(layer, mesh, dtype) for i, layer in sub.items()}
                 if name == "layers"
-                else replicate(sub, mesh)
+                else replicate(sub, mesh, dtype)
             )
             for name, sub in pure.items()
         }

@@ -124,7 +124,7 @@ def score(
 def publish(params, engine: JaxEngine, *, mesh: Mesh, one_call: bool) -> None:
     """Weight publication: gather the FSDP shards into this host's engine replica (O4: every
     weight in one gather and one load; otherwise per layer)."""
-    local = gather_for_engine(params, mesh, engine.devices, one_call=one_call)
+    local = gather_for_engine(params, mesh, engine.devices, one_call=one_call, dtype=engine.dtype)
     if one_call:
         engine.load_weights(local)
     else:

@@ -1,10 +1,8 @@
 """`build_engine`: the one place an `EngineKind` becomes a rollout engine (the enum is the
 registry).
 
-Both engines share one interface: `generate(prompts, *, key, max_new_tokens, sampling) -> Rollout`,
-`load_weights(params)` (one call), `load_weights_per_layer(params)`, `params` (what publication
-blocks on), `num_devices`. vLLM is imported only when selected, and its absence is reported at
-start-up with the install command for the platform.
+Both engines satisfy `locoexp.rollout.protocol.Engine`. vLLM is imported only when selected, and
+its absence is reported at start-up with the install command for the platform.
 """
 
 from collections.abc import Sequence
@@ -14,6 +12,7 @@ import jax
 from locoexp.model.transformer import Transformer
 from locoexp.rollout.config import EngineKind, RolloutConfig
 from locoexp.rollout.engine import JaxEngine
+from locoexp.rollout.protocol import Engine
 
 
 def build_engine(
@@ -24,12 +23,13 @@ def build_engine(
     pad_id: int,
     devices: Sequence[jax.Device],
     max_sequence_tokens: int,
-):
+) -> Engine:
     """The host's rollout engine, started from `model`'s current weights.
 
-    `devices` are the host's local devices (the JAX engine shards rows over them; vLLM takes its
-    platform from them). `max_sequence_tokens` is the longest prompt plus completion the run
-    admits (dataset.max_prompt_tokens + dataset.max_new_tokens); vLLM sizes its KV cache by it.
+    `devices` are the engine's devices (the JAX engine spans them, rollout.tensor_parallel per
+    replica; vLLM takes its platform from them). `max_sequence_tokens` is the longest prompt
+    plus completion the run admits (dataset.max_prompt_tokens + dataset.max_new_tokens); vLLM
+    sizes its KV cache by it.
     """
     match config.engine:
         case EngineKind.jax:

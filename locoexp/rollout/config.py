@@ -21,19 +21,31 @@ class RolloutConfig:
     # Paper's scale study: every completion runs to max_new_tokens, EOS is not a stop.
     ignore_eos: bool = False
     # Max concurrent sequences per engine; larger batches generate in waves (Appendix E: "two
-    # waves at 8 chips"). 0 = all requests of the host in one wave.
+    # waves at 8 chips"), each with a KV cache of capacity x (prompt bucket + max_new_tokens).
+    # 0 = all requests of the host in one wave.
     capacity: int = 0
-    tensor_parallel: int = 1  # TP degree per engine replica (Section 4.1: TP1 for small models)
+    # TP degree per engine replica (Section 4.1: TP1 for small models, up to TP32 in Table H1).
+    # The JAX engine shards attention heads and the MLP width over TP devices; its data-parallel
+    # replicas are the engine's devices / TP. With TP above model.num_kv_heads each device keeps
+    # a copy of the one KV head its query heads read (as vLLM does), so TP must then be a
+    # multiple of the KV heads; below, it must divide them.
+    tensor_parallel: int = 1
     # Prompts are padded to the next power of two, at least this long, so a run compiles few shapes.
     prompt_bucket_tokens: int = 16
+    # The JAX engine prefills prompts in chunks of this many tokens per sequence, so attention
+    # scores are [chunk, slots] per sequence and layer, never [prompt, prompt] (15,360-token
+    # SWE-agent prompts). A prompt bucket above it is rounded up to whole chunks.
+    prefill_chunk_tokens: int = 512
+    # Weights, activations and KV cache of the engine; null = model.param_dtype. bfloat16 with a
+    # float32 trainer is Table I3's cost-to-learn recipe: publication casts into it.
+    param_dtype: DType | None = None
     eval_temperature: float = 0.7  # held-out evaluation sampling (Table I3: T 0.7)
 
-    # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is already data-parallel
-    # over all the host's devices and runs in model.param_dtype, so it refuses these.
+    # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is data-parallel over
+    # its devices / tensor_parallel and sizes its cache per wave, so it refuses these.
     # Engine replicas per host (the paper: DP8 x TP1 per host). vLLM runs DP > 1 inside one
     # process on TPU only; on GPU/CPU it needs one process per replica, which is refused.
     data_parallel: int = 1
-    dtype: DType | None = None  # weights and activations in the engine; null = model.param_dtype
     # vLLM gpu_memory_utilization: share of each accelerator's memory for weights + KV cache. The
     # JAX trainer shares the chips, so keep it and XLA_PYTHON_CLIENT_MEM_FRACTION under 1 together.
     memory_fraction: float = 0.9
@@ -60,6 +72,10 @@ class RolloutConfig:
         require(
             self.prompt_bucket_tokens >= 1,
             f"rollout.prompt_bucket_tokens={self.prompt_bucket_tokens} must be >= 1.",
+        )
+        require(
+            self.prefill_chunk_tokens >= 1,
+            f"rollout.prefill_chunk_tokens={self.prefill_chunk_tokens} must be >= 1.",
         )
         require(
             self.eval_temperature >= 0,
@@ -90,7 +106,6 @@ class RolloutConfig:
 # never silently dropped).
 _VLLM_ONLY = {
     "data_parallel": 1,
-    "dtype": None,
     "memory_fraction": 0.9,
     "kv_cache_gib": 0.0,
     "enforce_eager": False,

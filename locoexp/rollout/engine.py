@@ -1,31 +1,54 @@
-"""The built-in JAX rollout engine: batched prefill, then a compiled decode loop over a KV cache.
+"""The built-in JAX rollout engine: waves of chunked prefill and a compiled decode loop.
 
-One `generate` call is one compiled program per wave: prefill of the left-padded prompts, then a
-`lax.while_loop` that decodes one token per row per iteration and stops when every row has hit
-EOS or the cap. There is no host round trip per token (the paper's Eq. 2 per-iteration terms are
-all device time). Requests above `capacity` are generated in waves of `capacity` rows.
+`generate` splits the requests into waves of at most `rollout.capacity` sequences (0 = all in
+one wave), left-pads each wave's prompts to one bucket and runs two compiled programs per wave
+(locoexp/rollout/decode.py): chunked prefill into a KV cache sized for that wave, then the
+decode loop. Programs are compiled ahead of their first timed call, so `Rollout.prefill_s` and
+`Rollout.decode_s` hold device time only, compiles excluded.
 
-The engine is data-parallel over the devices it is given (one host's local devices under `co`):
-rows are sharded over them and the weights replicated (DP x TP1, Section 2). It never trains and
-never knows about other hosts; `load_weights` replaces its weights in one call.
+The engine spans the devices it is given (one host's local devices under `co`, the single
+controller's devices otherwise): n / TP data-parallel replicas of `rollout.tensor_parallel`
+devices each (layouts in locoexp/rollout/sharding.py). It runs in `rollout.param_dtype` (default
+the model's); `load_weights` casts published weights into it. It never trains and never knows
+about other hosts.
+
+Memory per device, for the planner (a = bytes per element of the engine dtype; n devices, TP t,
+r = n / t replicas; N requests; H/K query/KV heads, h head_dim, D width, F MLP width, V
+vocabulary, L layers):
+- weights: replicated embedding V*D (and the untied head V*D) and norms (2D per layer + D, +2h
+  per layer with qk_norm); per layer q and o D*H*h/t each, k and v D*K*h/t each when t <= K and
+  D*K*h each (replicated) when t > K, MLP 3*D*F/t; all times a.
+- per wave: C = `wave_rows(N, capacity, r)` rows (at most the capacity, in whole replicas;
+  waves = ceil(N / C)), s = C / r rows per device; S = P' + M slots, P' =
+  `padded_prompt_tokens` (the power-of-two bucket, at least rollout.prompt_bucket_tokens,
+  rounded up to whole prefill chunks above one chunk).
+  KV cache: s * S * L * 2 * ceil(K/t) * h * a (t > K: one repeated KV head per device);
+  decode state: s * M * (4 + 4) bytes (tokens, log-probs).
+- prefill temporaries, one layer at a time, c = min(rollout.prefill_chunk_tokens, P'):
+  scores s * (H/t) * c * S * 4 (float32) and their probabilities at a, plus the [s, c, S] mask;
+  decode's are the same with c = 1, plus the logits and sampler buffers, about 3 * s * V * 4.
+- `load_weights` with a dtype cast briefly holds the published weights at the engine's layout
+  in their own dtype as well.
 
 Shapes: N requests, C rows per wave, P padded prompt length, M = max_new_tokens, S = P + M slots.
 """
 
 import dataclasses
 import functools
+import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from locoexp.model.transformer import Transformer, init_cache
+from locoexp.model.transformer import Transformer
+from locoexp.rollout import decode as programs
+from locoexp.rollout import sharding
 from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.sampling import sample_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +56,25 @@ class Rollout:
     """What generation returns, as host numpy arrays. Rows follow the request order."""
 
     tokens: np.ndarray  # [N, M] int32, pad after the end of each completion (EOS included)
-    logprobs: (
-        np.ndarray
-    )  # [N, M] float32, behaviour log-probs of the sampled tokens, 0 past the end
+    logprobs: np.ndarray  # [N, M] float32, behaviour log-probs of the sampled tokens, 0 past end
     lengths: np.ndarray  # [N] int32, generated tokens including EOS
     truncated: np.ndarray  # [N] bool, hit the cap without EOS
-    decode_iterations: int  # summed over waves
+    decode_iterations: int  # summed over waves (the first token comes from prefill)
     waves: int
+    # Seconds of prefill and of decode iterations, summed over waves, compiles excluded; None
+    # where an engine interleaves the two (vLLM's scheduler).
+    prefill_s: float | None = None
+    decode_s: float | None = None
 
     def completion(self, n: int) -> np.ndarray:
         return self.tokens[n, : self.lengths[n]]
+
+    @property
+    def decode_s_per_iteration(self) -> float | None:
+        """Figure 7b's per-iteration decode time: decode iterations only, prefill excluded."""
+        if self.decode_s is None or self.decode_iterations == 0:
+            return None
+        return self.decode_s / self.decode_iterations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +98,24 @@ def prompt_bucket(length: int, smallest: int) -> int:
     return max(smallest, 1 << max(0, (length - 1).bit_length()))
 
 
+def padded_prompt_tokens(longest: int, config: RolloutConfig) -> int:
+    """The engine's padded prompt length P for a wave whose longest prompt has `longest` tokens:
+    the bucket, rounded up to whole prefill chunks when it exceeds one chunk."""
+    bucket = prompt_bucket(longest, config.prompt_bucket_tokens)
+    chunk = config.prefill_chunk_tokens
+    return bucket if bucket <= chunk else _round_up(bucket, chunk)
+
+
+def wave_rows(requests: int, capacity: int, replicas: int) -> int:
+    """Rows per wave: every request (capacity 0) or at most `capacity`, in whole replicas:
+    rounded up over the requests (the last rows repeat a prompt), down to stay within the
+    capacity, and at least one row per replica."""
+    rows = _round_up(min(capacity or requests, requests), replicas)
+    if capacity and rows > capacity:
+        rows = max(replicas, capacity // replicas * replicas)
+    return rows
+
+
 class JaxEngine:
     """Generates completions with the current weights; `load_weights` publishes new ones."""
 
@@ -78,19 +128,32 @@ class JaxEngine:
         pad_id: int,
         devices: Sequence[jax.Device],
     ):
-        self.graphdef, params = nnx.split(model, nnx.Param)
-        self.model_config = model.config
-        self.config = config
-        self.eos_id, self.pad_id = eos_id, pad_id
-        self.mesh = Mesh(np.array(devices), ("data",))
+        tp = config.tensor_parallel
+        sharding.check_tensor_parallel(model.config, tp, len(devices))
+        self.config, self.eos_id, self.pad_id = config, eos_id, pad_id
+        self.dtype = jnp.dtype((config.param_dtype or model.config.param_dtype).value)
+        self.model_config = dataclasses.replace(
+            model.config, param_dtype=config.param_dtype or model.config.param_dtype
+        )
+        self.graphdef, abstract = nnx.split(
+            nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0))), nnx.Param
+        )
+        self.mesh = sharding.engine_mesh(devices, tp)
         self._replicated = NamedSharding(self.mesh, PS())
-        self._rows = NamedSharding(self.mesh, PS("data"))
-        self.params = jax.device_put(params, self._replicated, may_alias=False)
+        self._rows = NamedSharding(self.mesh, PS(sharding.DATA))
+        self._param_shardings = sharding.param_shardings(abstract, self.mesh, self.model_config, tp)
+        self._cache_heads = sharding.cache_heads(self.model_config, tp)
         self._programs = {}
+        self.params = self._place(nnx.split(model, nnx.Param)[1], self._param_shardings)
 
     @property
     def num_devices(self) -> int:
         return self.mesh.devices.size
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: the engine's devices / rollout.tensor_parallel."""
+        return self.mesh.shape[sharding.DATA]
 
     @property
     def devices(self) -> list[jax.Device]:
@@ -99,23 +162,30 @@ class JaxEngine:
     def load_weights(self, params) -> None:
         """Publish `params` (an nnx.State of the model's Params) to the engine in one call (O4).
 
-        The engine keeps its own replica (`may_alias=False`): the trainer donates its buffers to
+        The engine keeps its own copy (`may_alias=False`): the trainer donates its buffers to
         the next step, which must not delete the weights the engine samples with."""
-        self.params = jax.device_put(params, self._replicated, may_alias=False)
+        self.params = self._place(params, self._param_shardings)
 
     def load_weights_per_layer(self, params) -> None:
         """Publish layer by layer, one transfer per top-level subtree (the `opt=base` path)."""
-        pure = nnx.to_pure_dict(params)
+        pure, shardings = nnx.to_pure_dict(params), nnx.to_pure_dict(self._param_shardings)
         merged = {}
         for name, subtree in pure.items():
             if name == "layers":
                 merged[name] = {
-                    i: jax.device_put(layer, self._replicated, may_alias=False)
-                    for i, layer in subtree.items()
+                    i: self._place(layer, shardings[name][i]) for i, layer in subtree.items()
                 }
             else:
-                merged[name] = jax.device_put(subtree, self._replicated, may_alias=False)
+                merged[name] = self._place(subtree, shardings[name])
         nnx.replace_by_pure_dict(self.params, merged)
+
+    def _place(self, params, shardings):
+        """Copy `params` onto the engine's layout, cast into its dtype (Table I3's bf16 sampler
+        of an fp32 trainer) by a program that reuses the copy's buffers."""
+        placed = jax.device_put(params, shardings, may_alias=False)
+        if all(x.dtype == self.dtype for x in jax.tree.leaves(placed)):
+            return placed
+        return _caster(self.dtype)(placed)
 
     def generate(
         self,
@@ -127,26 +197,14 @@ class JaxEngine:
     ) -> Rollout:
         """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens."""
         n = len(prompts)
-        capacity = self.config.capacity or n
-        rows = _round_up(min(capacity, n), self.num_devices)
-        waves = -(-n // rows)
-        prompt_len = prompt_bucket(max(len(p) for p in prompts), self.config.prompt_bucket_tokens)
-        program = self._program(rows, prompt_len, max_new_tokens, sampling)
-        outputs = []
-        for wave in range(waves):
-            batch = list(prompts[wave * rows : (wave + 1) * rows])
+        rows = wave_rows(n, self.config.capacity, self.replicas)
+        prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
+        outputs, clock = [], {"prefill": 0.0, "decode": 0.0}
+        for start in range(0, n, rows):
+            batch = list(prompts[start : start + rows])
             batch += [batch[0]] * (rows - len(batch))  # pad the last wave with a real prompt
-            tokens, lens = self._left_pad(batch, prompt_len)
             key, wave_key = jax.random.split(key)
-            outputs.append(
-                program(
-                    self.params,
-                    jax.device_put(tokens, self._rows),
-                    jax.device_put(lens, self._rows),
-                    wave_key,
-                )
-            )
-        outputs = jax.device_get(outputs)
+            outputs.append(self._wave(batch, prompt_len, max_new_tokens, sampling, wave_key, clock))
         cat = lambda i: np.concatenate([o[i] for o in outputs])[:n]
         tokens, logprobs, lengths = cat(0), cat(1), cat(2)
         ended_with_eos = tokens[np.arange(n), np.maximum(lengths - 1, 0)] == self.eos_id
@@ -156,8 +214,25 @@ class JaxEngine:
             lengths=lengths,
             truncated=(lengths >= max_new_tokens) & (~ended_with_eos | sampling.ignore_eos),
             decode_iterations=int(sum(int(o[3]) for o in outputs)),
-            waves=waves,
+            waves=len(outputs),
+            prefill_s=clock["prefill"],
+            decode_s=clock["decode"],
         )
+
+    def _wave(self, batch, prompt_len, max_new, sampling, key, clock: dict) -> tuple:
+        """One wave: prefill, then decode, each compiled before its clock starts."""
+        tokens, lens = self._left_pad(batch, prompt_len)
+        tokens, lens = jax.device_put(tokens, self._rows), jax.device_put(lens, self._rows)
+        signature = (len(batch), prompt_len, max_new, sampling)
+        prefill = self._compiled("prefill", signature, self.params, tokens, lens, key)
+        start = time.perf_counter()
+        state = jax.block_until_ready(prefill(self.params, tokens, lens, key))
+        clock["prefill"] += time.perf_counter() - start
+        decode = self._compiled("decode", signature, self.params, state, lens)
+        start = time.perf_counter()
+        final = jax.block_until_ready(decode(self.params, state, lens))
+        clock["decode"] += time.perf_counter() - start
+        return jax.device_get((final.tokens, final.logprobs, final.lengths, final.step - 1))
 
     def _left_pad(
         self, prompts: Sequence[np.ndarray], length: int
@@ -169,67 +244,41 @@ class JaxEngine:
             lens[i] = len(p)
         return tokens, lens
 
-    def _program(self, rows: int, prompt_len: int, max_new: int, sampling: SamplingParams):
-        signature = (rows, prompt_len, max_new, sampling)
-        if signature not in self._programs:
-            fn = functools.partial(
-                _generate,
-                self.graphdef,
-                max_new=max_new,
-                sampling=sampling,
-                eos_id=self.eos_id,
-                pad_id=self.pad_id,
-            )
-            self._programs[signature] = jax.jit(
-                fn, out_shardings=(self._rows, self._rows, self._rows, self._replicated)
-            )
-        return self._programs[signature]
+    def _compiled(self, kind: str, signature: tuple, *args):
+        """The compiled prefill or decode program of `signature`, compiled on first use."""
+        if (kind, signature) not in self._programs:
+            self._programs[kind, signature] = self._jit(kind, signature).lower(*args).compile()
+        return self._programs[kind, signature]
+
+    def _jit(self, kind: str, signature: tuple):
+        rows, prompt_len, max_new, sampling = signature
+        common = dict(sampling=sampling, eos_id=self.eos_id, pad_id=self.pad_id)
+        cache = sharding.cache_sharding(self.mesh)
+        state = programs.DecodeState(
+            step=self._replicated,
+            cache=tuple((cache, cache) for _ in range(self.model_config.num_layers)),
+            tokens=self._rows,
+            logprobs=self._rows,
+            done=self._rows,
+            lengths=self._rows,
+            key=self._replicated,
+        )
+        if kind == "decode":  # the state is donated: the loop updates its cache in place
+            fn = functools.partial(programs.decode, self.graphdef, **common)
+            return jax.jit(fn, out_shardings=state, donate_argnums=(1,))
+        chunk = min(self.config.prefill_chunk_tokens, prompt_len)
+        fn = functools.partial(
+            programs.prefill,
+            self.graphdef,
+            chunk=chunk,
+            max_new=max_new,
+            cache_heads=self._cache_heads,
+            **common,
+        )
+        return jax.jit(fn, out_shardings=state)
 
 
-def _generate(graphdef, params, prompts, prompt_lens, key, *, max_new, sampling, eos_id, pad_id):
-    """The compiled program of one wave: prefill, then decode until every row is done."""
-    model = nnx.merge(graphdef, params)
-    rows, prompt_len = prompts.shape
-    slots = prompt_len + max_new
-    pad = prompt_len - prompt_lens  # left padding per row
-    slot_ids = jnp.arange(slots)
-    key_valid = slot_ids[None, :] >= pad[:, None]  # [C, S]: padding slots are never attended
-    sample = functools.partial(
-        sample_tokens, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
-    )
-
-    positions = jnp.maximum(jnp.arange(prompt_len)[None, :] - pad[:, None], 0)
-    causal = slot_ids[None, None, :] <= jnp.arange(prompt_len)[None, :, None]
-    cache = init_cache(model.config, rows, slots)
-    hidden, cache = model(prompts, positions, causal & key_valid[:, None, :], cache, 0)
-    key, step_key = jax.random.split(key)
-    token, logprob = sample(step_key, model.logits(hidden[:, -1]))
-
-    tokens = jnp.full((rows, max_new), pad_id, jnp.int32).at[:, 0].set(token)
-    logprobs = jnp.zeros((rows, max_new), jnp.float32).at[:, 0].set(logprob)
-    done = (token == eos_id) & (not sampling.ignore_eos)
-    lengths = jnp.ones((rows,), jnp.int32)
-
-    def cond(state):
-        t, _, _, _, done, _, _ = state
-        return (t < max_new) & ~jnp.all(done)
-
-    def body(state):
-        t, cache, tokens, logprobs, done, lengths, key = state
-        previous = tokens[:, t - 1]
-        mask = (slot_ids[None, None, :] <= prompt_len + t - 1) & key_valid[:, None, :]
-        position = (prompt_lens + t - 1)[:, None]
-        hidden, cache = model(previous[:, None], position, mask, cache, prompt_len + t - 1)
-        key, step_key = jax.random.split(key)
-        token, logprob = sample(step_key, model.logits(hidden[:, 0]))
-        token = jnp.where(done, pad_id, token)
-        tokens = tokens.at[:, t].set(token)
-        logprobs = logprobs.at[:, t].set(jnp.where(done, 0.0, logprob))
-        lengths = lengths + (~done).astype(jnp.int32)
-        if not sampling.ignore_eos:
-            done = done | (token == eos_id)
-        return t + 1, cache, tokens, logprobs, done, lengths, key
-
-    state = (jnp.int32(1), cache, tokens, logprobs, done, lengths, key)
-    t, _, tokens, logprobs, _, lengths, _ = jax.lax.while_loop(cond, body, state)
-    return tokens, logprobs, lengths, t - 1
+@functools.cache
+def _caster(dtype):
+    """A program casting every leaf to `dtype`, in place of its (donated) input."""
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree), donate_argnums=0)

@@ -106,7 +106,8 @@ class VllmEngine:
         hf["max_position_embeddings"] = max_model_tokens
         (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
         self.checkpoint_dir = str(directory)
-        dtype = (config.dtype or model.config.param_dtype).value
+        dtype = (config.param_dtype or model.config.param_dtype).value
+        self.dtype = jax.numpy.dtype(dtype)  # publication gathers the weights in it
         self.llm = vllm.LLM(
             model=self.checkpoint_dir,
             skip_tokenizer_init=True,

@@ -1,0 +1,91 @@
+"""Run in a subprocess by tests/test_engine_tp.py, with 4 CPU devices set before jax starts:
+TP1 on one device, then DP4 x TP1, DP2 x TP2 and DP1 x TP4 engines over the four devices, on the
+same prompts. Writes each engine's greedy and sampled rollouts and the logits of a cached
+forward pass with its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2
+engine of the fp32 weights before and after a publication."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from tiny_policy import PAD, random_prompts, tiny_model  # noqa: E402
+
+from locoexp.model.config import DType  # noqa: E402
+from locoexp.model.transformer import init_cache  # noqa: E402
+from locoexp.rollout import sharding  # noqa: E402
+from locoexp.rollout.config import RolloutConfig  # noqa: E402
+from locoexp.rollout.engine import JaxEngine, SamplingParams  # noqa: E402
+
+MAX_NEW = 12
+LAYOUTS = {"tp1_1dev": (1, 1), "tp1": (1, 4), "tp2": (2, 4), "tp4": (4, 4)}
+
+
+def cached_logits(engine: JaxEngine, sequences: np.ndarray) -> np.ndarray:
+    """Logits [rows, T, V] of a prefill over the whole sequences with the engine's sharded
+    weights, its cache layout and its mesh (the program XLA partitions as the engine's)."""
+    rows, length = sequences.shape
+    cache_sharding = sharding.cache_sharding(engine.mesh)
+
+    @jax.jit
+    def forward(params, tokens):
+        model = nnx.merge(engine.graphdef, params)
+        cache = init_cache(model.config, rows, length, heads=engine._cache_heads)
+        cache = jax.lax.with_sharding_constraint(cache, cache_sharding)
+        positions = jnp.broadcast_to(jnp.arange(length), (rows, length))
+        valid = jnp.ones((rows, length), bool)
+        hidden, _ = model(tokens, positions, valid, cache, 0)
+        return model.logits(hidden)
+
+    return np.asarray(forward(engine.params, jax.device_put(sequences, engine._rows)))
+
+
+def main(path: str) -> None:
+    model = tiny_model(seed=0)
+    prompts = random_prompts((3, 5, 9, 4, 7, 2, 6, 8), seed=1)
+    sequences = np.stack(random_prompts([16] * 8, seed=2))
+    out = {}
+    for name, (tp, devices) in LAYOUTS.items():
+        config = RolloutConfig(tensor_parallel=tp, prompt_bucket_tokens=1, capacity=4)
+        engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices()[:devices])
+        kernel = engine.params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
+        out[f"{name}_up_proj_shard_columns"] = kernel.addressable_shards[0].data.shape[1]
+        for label, sampling, seed in (
+            ("greedy", SamplingParams(temperature=0.0), 0),
+            ("sampled", SamplingParams(temperature=1.0), 3),
+        ):
+            rollout = engine.generate(
+                prompts, key=jax.random.key(seed), max_new_tokens=MAX_NEW, sampling=sampling
+            )
+            out[f"{name}_{label}_tokens"] = rollout.tokens
+            out[f"{name}_{label}_logprobs"] = rollout.logprobs
+            out[f"{name}_{label}_waves"] = rollout.waves
+        out[f"{name}_logits"] = cached_logits(engine, sequences)
+    out.update(bf16_republished(model, prompts))
+    np.savez(path, **out)
+
+
+def bf16_republished(model, prompts) -> dict:
+    """A bf16 TP2 engine of fp32 weights, before and after republishing the same weights: the
+    cast lands on the layout its compiled programs take, and changes nothing."""
+    config = RolloutConfig(tensor_parallel=2, prompt_bucket_tokens=1, param_dtype=DType.bfloat16)
+    engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices())
+    out = {}
+    for label in ("bf16_started", "bf16_republished"):
+        rollout = engine.generate(
+            prompts, key=jax.random.key(3), max_new_tokens=MAX_NEW, sampling=SamplingParams(1.0)
+        )
+        out[f"{label}_tokens"], out[f"{label}_logprobs"] = rollout.tokens, rollout.logprobs
+        engine.load_weights(nnx.state(model, nnx.Param))
+    out["bf16_dtypes"] = np.array(sorted({str(x.dtype) for x in jax.tree.leaves(engine.params)}))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,68 @@
+"""A tensor-parallel JAX engine gives the single-device engine's results (Section 4.1's TP
+samplers): TP2 and TP4 over four CPU devices against TP1 on one device, logits within 1e-5 and
+greedy tokens exactly.
+
+The four devices exist only if XLA is told before jax starts, so the engines run in a
+subprocess (tests/engine_tp_worker.py) and this test compares what it wrote.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tp") / "results.npz"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+    subprocess.run(
+        [sys.executable, str(TESTS / "engine_tp_worker.py"), str(path)],
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    return dict(np.load(path))
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp4"])
+def test_tensor_parallel_engine_equals_tp1_on_one_device(results, layout):
+    reference = "tp1_1dev"
+    np.testing.assert_allclose(
+        results[f"{layout}_logits"], results[f"{reference}_logits"], atol=1e-5, rtol=0
+    )
+    np.testing.assert_array_equal(
+        results[f"{layout}_greedy_tokens"], results[f"{reference}_greedy_tokens"]
+    )
+    np.testing.assert_array_equal(
+        results[f"{layout}_sampled_tokens"], results[f"{reference}_sampled_tokens"]
+    )
+    for label in ("greedy", "sampled"):
+        np.testing.assert_allclose(
+            results[f"{layout}_{label}_logprobs"],
+            results[f"{reference}_{label}_logprobs"],
+            atol=1e-5,
+            rtol=0,
+        )
+        assert results[f"{layout}_{label}_waves"] == 2  # capacity 4: 8 requests in two waves
+
+
+def test_tensor_parallel_engine_holds_a_slice_of_the_mlp_per_device(results):
+    """TINY's MLP width 64: a whole up_proj on TP1, half on TP2, a quarter on TP4."""
+    for layout, columns in (("tp1", 64), ("tp2", 32), ("tp4", 16)):
+        assert results[f"{layout}_up_proj_shard_columns"] == columns
+
+
+def test_bf16_tensor_parallel_engine_takes_published_fp32_weights(results):
+    assert list(results["bf16_dtypes"]) == ["bfloat16"]
+    np.testing.assert_array_equal(
+        results["bf16_republished_tokens"], results["bf16_started_tokens"]
+    )
+    np.testing.assert_array_equal(
+        results["bf16_republished_logprobs"], results["bf16_started_logprobs"]
+    )
