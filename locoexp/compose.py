@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from locoexp.config import Config
+from locoexp.config import Config, config_keys
 from locoexp.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -69,9 +69,10 @@ def hydra_message(error: Exception) -> str:
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
+                parent = key.rpartition(".")[0]
                 return (
-                    f"'{key}' is not a config key; the valid keys are the dataclass fields in "
-                    "locoexp/*/config.py."
+                    f"'{key}' is not a config key; the valid keys of {parent or 'the root'} are "
+                    f"{', '.join(config_keys(parent))}."
                 )
             return f"{key}: {what.rstrip('.')}."
     lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
@@ -114,9 +115,10 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 
 def preflight(argv: list[str]) -> list[Config]:
     """Compose and validate every job of a command line before Hydra starts, so bad input
-    writes nothing: the schema's checks, then the ones that need no data (`check_run`)."""
+    writes nothing: the schema's checks, then `locoexp.preflight.check_run` (files, engine,
+    logger)."""
     configs = compose_configs(sweep_combinations(job_overrides(argv)))
-    from locoexp.main import check_run  # noqa: PLC0415  (jax loads only once the config is valid)
+    from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
 
     for config in configs:
         if not config.dry_run:

@@ -8,6 +8,7 @@ anything is allocated or written.
 """
 
 import dataclasses
+import math
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.dataset.config import DatasetConfig
@@ -17,7 +18,7 @@ from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -34,6 +35,9 @@ class Config:
     # placement=da: the trainer's share of the hosts (the paper's splits: 0.5, 0.25, 0.125).
     split: float | None = None
     seed: int = 0  # model init and sampling
+    # Repeat index of an otherwise identical run (Appendix A: launches per arm). It changes no
+    # computation; a sweep over it (`launch: 0,1`) gives each repeat its own run directory.
+    launch: int = 0
     steps: int = 150  # optimizer updates (one per batch)
     eval_every_steps: int = 25  # held-out evaluation period; 0 = only after the last step
     # Scored checkpoints by update count, as Table I3's [275, 300, 325, 348]; added to the above.
@@ -48,7 +52,17 @@ class Config:
     profile_steps: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
+        _require_finite(self, prefix="")
+        # GRPO and Dr. GRPO compare each sample with its group's mean (Section I.1): a group of
+        # one has advantage 0, so every step would train on a zero gradient.
+        require(
+            self.dataset.samples_per_prompt >= 2,
+            f"dataset.samples_per_prompt={self.dataset.samples_per_prompt} gives every sample a "
+            f"zero group advantage under algo.advantage={self.algo.advantage.value}; set "
+            "dataset.samples_per_prompt>=2 (Table 1 uses 8 or 16).",
+        )
         require(self.steps >= 1, f"steps={self.steps} must be a positive integer.")
+        require(self.launch >= 0, f"launch={self.launch} must be >= 0 (a repeat index).")
         require(
             self.eval_every_steps >= 0, f"eval_every_steps={self.eval_every_steps} must be >= 0."
         )
@@ -66,6 +80,10 @@ class Config:
             f"profile_steps={self.profile_steps} is not supported under placement=da yet; "
             "profile placement=co or single_controller.",
         )
+        check_attention_backend(self.trainer.attention, self.hardware.platform)
+        check_remat_backend(self.trainer.remat, self.hardware.platform)
+        if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
+            self.hardware.hosts = minimal_hosts(self.placement.kind, self.split)
         self._check_placement()
         self._check_placement_keys()
 
@@ -88,19 +106,18 @@ class Config:
             self._check_da_split(hosts)
 
     def _check_da_split(self, hosts: int) -> None:
-        valid = valid_splits(hosts)
-        shown = ", ".join(str(v) for v in valid) or "none (placement=da needs at least 2 hosts)"
+        shown = show_splits(hosts)
         require(
             self.split is not None,
             f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
             f"hosts: {shown}.",
         )
         require(
-            self.split in valid,
+            trainer_hosts(self.split, hosts) is not None,
             f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
             f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}.",
         )
-        trainers = round(self.split * hosts)
+        trainers = trainer_hosts(self.split, hosts)
         rollouts, d = hosts - trainers, self.dataset
         require(
             d.prompts_per_step % rollouts == 0,
@@ -149,6 +166,57 @@ class Config:
         )
 
 
+def _require_finite(node, *, prefix: str) -> None:
+    """Every float key of the config is a finite number (inf or nan would train on NaN)."""
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if dataclasses.is_dataclass(value):
+            _require_finite(value, prefix=f"{prefix}{field.name}.")
+        elif isinstance(value, float):
+            require(
+                math.isfinite(value),
+                f"{prefix}{field.name}={value} must be a finite number.",
+            )
+
+
+def config_keys(path: str) -> list[str]:
+    """The keys under `path` of the schema ("" = the root, "algo", "dataset.synthetic"); empty
+    when `path` names no group."""
+    node: type | None = Config
+    for part in filter(None, path.split(".")):
+        fields = {f.name: f.type for f in dataclasses.fields(node)}
+        node = fields.get(part)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return sorted(f.name for f in dataclasses.fields(node))
+
+
 def valid_splits(hosts: int) -> list[float]:
     """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
     return [t / hosts for t in range(1, hosts)]
+
+
+def show_splits(hosts: int) -> str:
+    """The valid splits as a user types them (rounded to 3 decimals: 0.333, not 0.3333...)."""
+    shown = ", ".join(f"{v:.3f}".rstrip("0") for v in valid_splits(hosts))
+    return shown or "none (placement=da needs at least 2 hosts)"
+
+
+def trainer_hosts(split: float, hosts: int) -> int | None:
+    """Trainer hosts of `split` (as printed, to 3 decimals) on `hosts` hosts; None if invalid."""
+    count = round(split * hosts)
+    return count if 1 <= count < hosts and abs(count / hosts - split) <= 5e-4 + 1e-12 else None
+
+
+def minimal_hosts(kind: PlacementKind, split: float | None) -> int:
+    """The smallest host count `placement` and `split` need (hardware.hosts=null, CPU only):
+    1 without a split, else the first H >= 2 that `split` divides into whole host counts."""
+    if kind is not PlacementKind.da or split is None:
+        return 2 if kind is PlacementKind.da else 1
+    found = next((h for h in range(2, 1025) if trainer_hosts(split, h) is not None), None)
+    require(
+        found is not None,
+        f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share such "
+        "as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts).",
+    )
+    return found

@@ -13,3 +13,8 @@ def require(condition: bool, message: str) -> None:
     """Raise `ConfigError(message)` unless `condition` holds."""
     if not condition:
         raise ConfigError(message)
+
+
+class TrainingDiverged(ConfigError):
+    """A step's loss or gradient is no longer a finite number. Reported like bad input (one
+    sentence, exit 2, no traceback): the fix is a config change (a smaller learning rate)."""

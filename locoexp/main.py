@@ -10,6 +10,7 @@ spawned local processes (`locoexp.placement.launch`); on a TPU slice every host 
 function.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -35,7 +36,6 @@ from locoexp.metrics.run_output import RunFiles
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
-from locoexp.model.memory import Roles, check_fit, describe_plan
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
@@ -46,6 +46,7 @@ from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
 from locoexp.placement.ray_hosts import DaLayout, load_from_object_store, publish_to_object_store
 from locoexp.placement.ray_transport import BatchLedger, ray_actors
+from locoexp.planner import Roles, Setup, check_fit, describe_plan
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
@@ -86,7 +87,7 @@ def run(
     if config.dry_run:
         print(plan(config), flush=True)
         return {"dry_run": True}
-    check_run(config)
+    config = check_run(config)
     files = RunFiles(str(run_dir), resolved_config, sweep_name, progress)
     if config.placement.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
         return run_driver(config, files)
@@ -108,19 +109,42 @@ def run(
     return run_host(config, files)
 
 
+def plan_setup(config: Config) -> Setup:
+    """What the memory plan reads: the sub-configs and the placement's roles."""
+    c = config
+    return Setup(
+        model=c.model,
+        hardware=c.hardware,
+        rollout=c.rollout,
+        dataset=c.dataset,
+        trainer=c.trainer,
+        roles=placement_roles(c),
+    )
+
+
 def plan(config: Config) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    return describe_plan(*_memory_inputs(config))
+    note = ""
+    if config.hardware.hosts_auto:
+        split = f" split={config.split}" if config.split is not None else ""
+        note = (
+            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
+            f"placement={config.placement.kind.value}{split} needs"
+        )
+    return describe_plan(plan_setup(config), hosts_note=note)
 
 
-def check_run(config: Config) -> None:
-    """The refusals that need no data (memory fit, TP vs heads, placement), before any write."""
-    check_fit(*_memory_inputs(config))
-
-
-def _memory_inputs(config: Config) -> tuple:
-    c = config
-    return c.model, c.hardware, c.rollout, c.dataset, c.trainer, placement_roles(c)
+def check_run(config: Config) -> Config:
+    """The refusals that need no data (memory fit, TP vs heads, placement), before any write;
+    returns `config` with trainer.micro_batch_rows and rollout.capacity resolved by the plan."""
+    resolved = check_fit(plan_setup(config))
+    return dataclasses.replace(
+        config,
+        trainer=dataclasses.replace(
+            config.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+        ),
+        rollout=dataclasses.replace(config.rollout, capacity=resolved.capacity),
+    )
 
 
 def run_host(config: Config, files: RunFiles) -> dict[str, Any]:

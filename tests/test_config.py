@@ -61,13 +61,7 @@ def test_every_option_composes_and_converts_to_the_typed_config(group, option):
         assert got == value or (isinstance(value, int | float) and got == pytest.approx(value)), key
 
 
-EXPERIMENTS = sorted(path.stem for path in (ROOT / "experiments" / "experiment").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_composes_and_converts_to_the_typed_config(experiment, monkeypatch):
-    monkeypatch.chdir(ROOT)  # experiment files name data files relative to the repository root
-    assert isinstance(compose_config([f"+experiment={experiment}"]), Config)
+# Every experiment file, cell by cell of its sweep: tests/test_experiments.py.
 
 
 def test_default_config_has_a_root_split_key():

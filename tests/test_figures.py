@@ -1,103 +1,131 @@
-"""tools/figures.py draws every panel from crafted run directories, as a user runs it."""
+"""`python -m locoexp.analysis figures` draws every figure from crafted run directories, as a user
+runs it; `da` branches are not stacked; the cost panel charges each run at its own target."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
 from PIL import Image
+from run_dirs import noisy, write_run
 
-from locoexp.metrics.panels import PHASES
+from locoexp.analysis import report_panels
+from locoexp.analysis.figures import Figure
+from locoexp.analysis.runs import find_runs
 from locoexp.metrics.run_records import read_run
 
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+PHASES = {
+    "admission": 0.1,
+    "generation": 1.0,
+    "reward": 0.1,
+    "pack": 0.1,
+    "train": 0.5,
+    "publish": 0.1,
+    "log": 0.01,
+}
+DA_PHASES = {
+    "load": 0.05,
+    "admission": 0.05,
+    "generation": 0.6,
+    "reward": 0.05,
+    "transfer": 0.02,
+    "pack": 0.05,
+    "train": 0.8,
+    "publish": 0.1,
+}
 
 
-def write_run_dir(run_dir: Path, *, placement: str, hosts: int, seconds_per_step: float) -> None:
-    """A run directory as the step engine leaves it: Hydra's config and metrics.jsonl."""
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "config.yaml").write_text(
-        f"placement:\n  kind: {placement}\nhardware:\n  hosts: {hosts}\n  chips_per_host: 4\n"
-        "  chip_hour_price_usd: 2.0\nsteps: 6\n"
-    )
-    lines = []
-    for step in range(6):
-        phases = {f"timing/{phase}_s": seconds_per_step / len(PHASES) for phase in PHASES}
-        lines.append(
-            {
-                "step": step,
-                "time/elapsed_s": 30.0 + seconds_per_step * (step + 1),
-                **phases,
-                "timing/step_s": seconds_per_step,
-                "timing/host_orchestration_share": 0.3,
-                "rollout/reward_mean": step / 6,
-                "rollout/decode_ms_per_iteration": None,
-                "train/loss": 1.0 / (step + 1),
-            }
+def sweep(root: Path) -> Path:
+    """A stack comparison and a co-vs-da grid at two chip counts."""
+    for hosts in (2, 4):
+        write_run(
+            root / f"sc-{hosts}",
+            noisy(4.0 / hosts, steps=12),
+            placement="single_controller",
+            levers=False,
+            hosts=hosts,
+            phases=PHASES,
+            extra={"timing/head_interval_s": 0.3, "rollout/decode_ms_per_iteration": 2.1},
         )
-        if step % 2 == 1:
-            lines.append(
-                {
-                    "step": step,
-                    "eval/accuracy": 0.3 * (step // 2 + 1),
-                    "eval/seconds": 4.0,
-                    "eval/examples": 16,
-                }
-            )
-    text = "\n".join(json.dumps(line) for line in lines)
-    (run_dir / "metrics.jsonl").write_text(text + '\n{"step": 6, "timing/st')  # cut by a crash
+        write_run(
+            root / f"co-{hosts}",
+            noisy(1.5 / hosts, steps=12),
+            hosts=hosts,
+            phases=PHASES,
+            extra={"rollout/decode_s_per_iteration": 0.001},
+            evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8},
+            eval_target=0.55,
+        )
+        write_run(
+            root / f"da-{hosts}",
+            noisy(1.2 / hosts, steps=12),
+            placement="da",
+            split=0.5,
+            hosts=hosts,
+            phases=DA_PHASES,
+        )
+    return root
 
 
-def test_figures_are_drawn_for_every_section(tmp_path):
-    runs = [tmp_path / "co-8", tmp_path / "da-16"]
-    write_run_dir(runs[0], placement="co", hosts=2, seconds_per_step=2.0)
-    write_run_dir(runs[1], placement="da", hosts=4, seconds_per_step=1.5)
-    out = tmp_path / "figures"
+def test_figures_command_draws_every_figure(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "tools" / "figures.py"),
-            *map(str, runs),
-            "--out",
-            str(out),
-            "--target",
-            "0.55",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    names = {"step_time.png", "learning.png", "cost_to_learn.png"}
-    assert {Path(line).name for line in result.stdout.split()} == names
-    for name in names:
-        with Image.open(out / name) as image:
-            assert image.format == "PNG" and image.width > 500
-
-
-def test_a_run_directory_reads_as_its_group_records_and_checkpoints(tmp_path):
-    write_run_dir(tmp_path / "run", placement="co", hosts=2, seconds_per_step=2.0)
-    run = read_run(tmp_path / "run")
-    assert (run.group, run.chip_hour_price_usd) == ("co, 8 chips", 2.0)
-    assert [r["step"] for r in run.steps] == list(range(6))  # the cut last line is skipped
-    assert [(c.step, c.elapsed_s) for c in run.checkpoints()] == [(1, 34.0), (3, 38.0), (5, 42.0)]
-
-
-def test_figures_without_a_target_still_draw_the_cost_section(tmp_path):
-    write_run_dir(tmp_path / "run", placement="co", hosts=1, seconds_per_step=1.0)
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "figures.py"),
-            str(tmp_path / "run"),
+            "-m",
+            "locoexp.analysis",
+            "figures",
+            str(sweep(tmp_path / "sweep")),
             "--out",
             str(tmp_path / "figures"),
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "figures" / "cost_to_learn.png").exists()
+    written = {Path(line).name for line in result.stdout.split()}
+    assert written == {f"{figure.value}.png" for figure in Figure}
+    for name in written:
+        with Image.open(tmp_path / "figures" / name) as image:
+            assert image.format == "PNG" and image.width > 400
+
+
+def test_da_branches_overlap_instead_of_stacking(tmp_path):
+    write_run(tmp_path / "da", noisy(1.2, steps=12), placement="da", split=0.5, phases=DA_PHASES)
+    fig, ax = plt.subplots()
+    report_panels.draw_breakdown(ax, find_runs([tmp_path / "da"]), steady=None)
+    tops = [patch.get_y() + patch.get_height() for patch in ax.patches]
+    rollout = sum(DA_PHASES[p] for p in report_panels.ROLLOUT_BRANCH)
+    trainer = sum(DA_PHASES.get(p, 0.0) for p in report_panels.TRAINER_BRANCH)
+    assert max(tops) == max(rollout, trainer)  # the longer branch, not their sum
+    plt.close(fig)
+
+
+def test_cost_panel_uses_each_runs_own_target(tmp_path):
+    write_run(
+        tmp_path / "co",
+        noisy(1.0, steps=12),
+        evals={9: 0.4, 10: 0.6, 11: 0.7, 12: 0.8},
+        eval_target=0.55,
+    )
+    fig = report_panels.cost_to_learn(find_runs([tmp_path / "co"]), target=None)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any(t.startswith("target 0.55\nupdate 10") for t in texts), texts
+    plt.close(fig)
+
+
+def test_a_run_directory_reads_as_its_group_records_and_checkpoints(tmp_path):
+    write_run(tmp_path / "run", noisy(2.0, steps=6), hosts=2, evals={2: 0.3, 4: 0.6, 6: 0.9})
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "timing/st')  # a last line cut by a crash is skipped
+    run = read_run(tmp_path / "run")
+    assert run.group == "co, 8 chips"
+    assert [r["step"] for r in run.steps] == list(range(6))
+    assert [c.step for c in run.checkpoints()] == [1, 3, 5]
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 0

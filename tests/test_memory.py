@@ -1,4 +1,5 @@
-"""Per-device memory estimates, the start-up fit and TP refusals, and the dry-run plan."""
+"""The memory plan: per-device terms, the resolution of micro-batches and waves, the start-up fit
+and TP refusals, shared CPU memory, and the dry-run report."""
 
 import dataclasses
 import re
@@ -9,19 +10,32 @@ from model_options import load_model_option
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind, HardwareConfig
-from locoexp.model import memory
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters
+from locoexp.planner import (
+    Roles,
+    Setup,
+    check_fit,
+    check_tensor_parallel,
+    describe_plan,
+    estimate,
+    fit,
+    plan,
+)
 from locoexp.rollout.config import RolloutConfig
-from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
 
 TRAINER = TrainerConfig()
+DENSE = TrainerConfig(attention=AttentionKind.dense, micro_batch_rows=1 << 20)
 TINY = ModelConfig()  # V16, 2 layers, D64, F192, 4 q heads / 2 KV heads, h16, qk norm, tied, fp32
 SWE = DatasetConfig(
     prompts_per_step=256, samples_per_prompt=8, max_prompt_tokens=15360, max_new_tokens=1024
 )  # Table 1
 SMALL = DatasetConfig(
     prompts_per_step=64, samples_per_prompt=8, max_prompt_tokens=256, max_new_tokens=768
+)
+FOUR = DatasetConfig(
+    prompts_per_step=2, samples_per_prompt=2, max_prompt_tokens=3, max_new_tokens=5
 )
 
 
@@ -36,139 +50,201 @@ def tpu_v7x(chips: int) -> HardwareConfig:
     )
 
 
-def colocated(hardware: HardwareConfig) -> memory.Roles:
-    return memory.Roles(trainer_hosts=hardware.hosts, rollout_hosts=hardware.hosts, colocated=True)
+def cpu(hosts: int, gib: float | None = 64.0) -> HardwareConfig:
+    return HardwareConfig(hosts=hosts, memory_per_device_gib=gib)
+
+
+def colocated(hardware: HardwareConfig, **kw) -> Roles:
+    return Roles(trainer_hosts=hardware.hosts, rollout_hosts=hardware.hosts, colocated=True, **kw)
+
+
+def setup(model, hardware, dataset, *, roles=None, rollout=None, trainer=TRAINER) -> Setup:
+    return Setup(
+        model=model,
+        hardware=hardware,
+        rollout=rollout or RolloutConfig(),
+        dataset=dataset,
+        trainer=trainer,
+        roles=roles or colocated(hardware),
+    )
 
 
 def test_trainer_terms_equal_the_hand_computed_formula():
-    dataset = DatasetConfig(
-        prompts_per_step=2, samples_per_prompt=2, max_prompt_tokens=3, max_new_tokens=5
-    )
-    t = memory.estimate_trainer_memory(TINY, dataset, TRAINER, devices=2)
+    p = fit.resolve_plan(setup(TINY, cpu(2), FOUR, trainer=DENSE))
+    t, shape = p.trainer, p.trainer_shape
     n = count_parameters(TINY)
     assert n == 99_712
-    assert (t.rows, t.row_tokens) == (2, 8)  # 4 sequences over 2 devices, 3 + 5 tokens each
-    assert t.params == t.gradients == n // 2 * 4 and t.optimizer == 2 * t.params
-    assert t.reference == 0 and t.gathered_block == 49_312 * 4
+    assert (shape.devices, shape.rows, shape.row_tokens) == (2, 2, 8)  # 4 sequences, 3 + 5 tokens
+    assert shape.micro_batches == 1 and t.gradients == t.params == n // 2 * 4
+    assert t.optimizer == 2 * t.params and t.reference == 0 and t.gathered_block == 49_312 * 4
     # Per token and layer: 4D + 2(H+K)h (q/k before the norm and after RoPE) + Kh + Hh + 3F,
-    # fp32; dense attention probs H*L fp32 and the bool mask L; then the final norm in/out 2D.
-    per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 8 * 4 + 8
-    per_token = 2 * per_layer + 2 * 64 * 4
-    # Head: 20 loss slots split over 2 devices (D fp32 each), one 20-slot chunk of V fp32 logits
-    # and their gradient.
-    head = 10 * 64 * 4 + 2 * 20 * 16 * 4
-    assert t.activations == 2 * 8 * per_token + head
-    kl = memory.estimate_trainer_memory(TINY, dataset, TRAINER, devices=2, reference_policy=True)
-    assert kl.reference == t.params and kl.resident == t.resident + t.params
+    # fp32; dense attention keeps 4 float32 [H, L] copies and the bool mask L; float32 copies
+    # of the norms' inputs (2D) and of q and k for the q/k norm and RoPE (2(H+K)h), and silu's
+    # sigmoid (F); then the final norm's input and output 2D.
+    per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 4 * 8 * 4 + 8
+    per_layer += (2 * 64 + 2 * 6 * 16) * 4 + 192 * 4
+    assert t.activations == 2 * 8 * (2 * per_layer + 2 * 64 * 4)
+    # Head: the float32 [V, D] gradient; 10 loss slots per device, their hidden states and
+    # gradient (D fp32 each) and one 10-slot chunk of V float32 logits.
+    assert t.head_gradient == 16 * 64 * 4 and t.head_chunk == 2 * 10 * 64 * 4 + 10 * 16 * 4
+    transient = t.inputs + t.gathered_block + t.activations + t.head_gradient
+    assert t.total == t.resident + transient + max(t.gradients, t.head_chunk)
 
 
 def test_engine_terms_equal_the_hand_computed_formula():
-    dataset = DatasetConfig(
-        prompts_per_step=2, samples_per_prompt=2, max_prompt_tokens=3, max_new_tokens=5
-    )
-    e = memory.estimate_engine_memory(TINY, dataset, RolloutConfig(), engine_devices=1, engines=1)
-    assert (e.replicas_per_engine, e.sequences_per_replica) == (1, 4)
+    p = fit.resolve_plan(setup(TINY, cpu(1), FOUR))
+    e = p.engine
+    assert (p.replicas_per_engine, p.capacity, p.waves) == (1, 4, 1)
     assert e.weights == count_parameters(TINY) * 4
     # 3 prompt tokens padded to the 16-token bucket + 5 new = 21 slots per sequence.
     assert e.kv_cache == 4 * 21 * (2 * 2 * 2 * 16 * 4)  # seqs x S x (layers x k,v x K x h x fp32)
-    assert e.prefill_scores == 4 * 4 * 16 * 21 * 4  # seqs x H x P' x S x fp32
-    half = memory.estimate_engine_memory(
-        TINY, dataset, RolloutConfig(tensor_parallel=2), engine_devices=2, engines=1
+    # 2 copies x seqs x H x chunk x S x fp32, and the chunk loop's second KV cache
+    assert e.prefill == 2 * 4 * 4 * 16 * 21 * 4 + e.kv_cache
+    assert e.decode == 2 * 4 * 16 * 4  # logits and log-softmax, seqs x V fp32
+    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=True)
+    half = fit.resolve_plan(
+        setup(TINY, cpu(1), FOUR, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
     )
-    assert (half.weights, half.kv_cache) == (e.weights // 2, e.kv_cache // 2)
-    assert half.prefill_scores == e.prefill_scores // 2
+    assert half.engine.kv_cache == e.kv_cache // 2 and half.engine.prefill == e.prefill // 2
+    sharded = 2 * (49_312 - 160) * 4  # per layer all but the norms' 2D + 2h scales
+    assert half.engine.weights == e.weights - sharded // 2  # norms and embeddings replicated
 
 
 def test_longer_rows_pack_several_sequences_at_the_caps():
-    longer = TrainerConfig(row_tokens=4 * (256 + 768))  # four sequences at the caps per row
-    default = memory.estimate_trainer_memory(TINY, SMALL, TRAINER, devices=4)
-    packed = memory.estimate_trainer_memory(TINY, SMALL, longer, devices=4)
+    longer = dataclasses.replace(DENSE, row_tokens=4 * (256 + 768))  # four sequences per row
+    default = fit.resolve_plan(setup(TINY, cpu(4), SMALL, trainer=DENSE)).trainer_shape
+    packed = fit.resolve_plan(setup(TINY, cpu(4), SMALL, trainer=longer)).trainer_shape
     assert (default.rows, default.row_tokens) == (128, 1024)  # 512 sequences / 4 devices
     assert (packed.rows, packed.row_tokens) == (32, 4096)
 
 
 def test_bfloat16_halves_every_term_but_the_float32_ones():
     bf16 = dataclasses.replace(TINY, param_dtype=DType.bfloat16)
-    f32, b16 = (memory.estimate_trainer_memory(m, SMALL, TRAINER, devices=4) for m in (TINY, bf16))
-    assert b16.params * 2 == f32.params and b16.optimizer * 2 == f32.optimizer
-    assert f32.activations / 2 < b16.activations < f32.activations  # probs and logits stay fp32
-
-
-def test_swe_at_8_chips_is_refused_in_the_papers_words():
-    # The paper's case (Table 3): Qwen3-0.6B, fp32, SWE, 8 chips = 16 devices, no accumulation.
-    hardware = tpu_v7x(8)
-    with pytest.raises(ConfigError) as error:
-        memory.check_fit(
-            load_model_option("qwen3_0_6b"),
-            hardware,
-            RolloutConfig(),
-            SWE,
-            TRAINER,
-            colocated(hardware),
-        )
-    assert re.match(
-        r"does not fit: the trainer needs \d+\.\d GiB per device of 94\.7 ", str(error.value)
+    f32, b16 = (
+        fit.resolve_plan(setup(m, cpu(4), SMALL, trainer=DENSE)).trainer for m in (TINY, bf16)
     )
-    assert "dataset.max_prompt_tokens" in str(error.value)
+    assert b16.params * 2 == f32.params and b16.optimizer * 2 == f32.optimizer
+    assert f32.activations / 2 < b16.activations < f32.activations  # scores stay fp32
+
+
+def test_rematerialisation_and_blockwise_attention_shrink_activations():
+    model = load_model_option("qwen3_0_6b")
+    one_row = dataclasses.replace(TRAINER, micro_batch_rows=1)
+    kinds = {
+        "dense": dataclasses.replace(one_row, attention=AttentionKind.dense),
+        "blockwise": one_row,
+        "save_matmuls": dataclasses.replace(one_row, remat=RematPolicy.save_matmuls),
+        "block": dataclasses.replace(one_row, remat=RematPolicy.block),
+    }
+    acts = {
+        k: fit.resolve_plan(setup(model, tpu_v7x(64), SWE, trainer=t)).trainer.activations
+        for k, t in kinds.items()
+    }
+    assert acts["dense"] > 5 * acts["blockwise"] > 5 * acts["block"]
+    assert acts["blockwise"] > acts["save_matmuls"] > acts["block"]
+
+
+def test_micro_batch_rows_resolve_to_the_most_that_fit():
+    model = load_model_option("qwen3_0_6b")
+    hardware = tpu_v7x(64)
+    p = fit.resolve_plan(setup(model, hardware, SWE))
+    limit = 94.7 * estimate.GIB
+    assert (
+        p.trainer_peak
+        <= limit
+        < fit.resolve_plan(
+            setup(
+                model,
+                hardware,
+                SWE,
+                trainer=dataclasses.replace(
+                    TRAINER, micro_batch_rows=2 * p.trainer_shape.micro_batch_rows
+                ),
+            )
+        ).trainer_peak
+    )
+    # fp32: three float32 copies (the accumulator in and out of the scan, the final sum) beside
+    # one micro-batch's gradients, and every row's hidden states and their gradient
+    assert p.trainer.gradients == 4 * p.trainer.params
+    assert p.trainer.row_states == 2 * 16 * 16384 * 1024 * 4
+
+
+def test_capacity_resolves_to_balanced_waves_that_fit():
+    model = load_model_option("qwen3_0_6b")
+    hardware = tpu_v7x(8)
+    gsm8k = DatasetConfig(
+        prompts_per_step=128, samples_per_prompt=16, max_prompt_tokens=512, max_new_tokens=2048
+    )
+    p = fit.resolve_plan(setup(model, hardware, gsm8k))
+    assert p.engine_peak <= 94.7 * estimate.GIB
+    assert p.capacity * p.waves >= p.requests_per_engine > p.capacity * (p.waves - 1)
+    assert p.capacity % p.replicas_per_engine == 0 or p.capacity == p.requests_per_engine
+    fixed = fit.resolve_plan(setup(model, hardware, gsm8k, rollout=RolloutConfig(capacity=64)))
+    assert (fixed.capacity, fixed.waves) == (64, 16)  # 1,024 requests per host engine
+
+
+def test_swe_at_8_chips_without_accumulation_is_refused_naming_micro_batches_that_fit():
+    # The paper's case (Table 3, Section 4.2): Qwen3-0.6B, fp32, SWE, 8 chips = 16 devices; its
+    # trainer does not accumulate gradients, so the whole batch (128 rows per device) is live.
+    model, hardware = load_model_option("qwen3_0_6b"), tpu_v7x(8)
+    whole = dataclasses.replace(TRAINER, micro_batch_rows=128)
+    with pytest.raises(ConfigError) as error:
+        check_fit(setup(model, hardware, SWE, trainer=whole))
+    message = str(error.value)
+    assert re.match(r"does not fit: the trainer needs \d+\.\d GiB per device of 94\.7 ", message)
+    assert re.search(
+        r"it fits with trainer.micro_batch_rows=\d+ \(or 0, the most that fit\)", message
+    )
+    resolved = check_fit(setup(model, hardware, SWE))
+    assert resolved.trainer_shape.micro_batches > 1
 
 
 def test_llama_405b_on_8_chips_is_refused_by_its_weights_alone():
     hardware = tpu_v7x(8)
     model = load_model_option("llama3_1_405b")
-    t = memory.estimate_trainer_memory(model, DatasetConfig(), TRAINER, devices=hardware.devices)
-    assert (t.params + t.gradients + t.optimizer) / memory.GIB > 94.7  # 16 bytes x 405.9B / 16
     rollout = RolloutConfig(tensor_parallel=8)
-    with pytest.raises(ConfigError, match=r"^does not fit: the trainer needs"):
-        memory.check_fit(model, hardware, rollout, DatasetConfig(), TRAINER, colocated(hardware))
+    p = fit.resolve_plan(setup(model, hardware, DatasetConfig(), rollout=rollout))
+    assert (p.trainer.params + p.trainer.optimizer) / estimate.GIB > 94.7  # 12 bytes x 405.9B / 16
+    with pytest.raises(ConfigError, match=r"^does not fit: the trainer needs.*no single setting"):
+        check_fit(setup(model, hardware, DatasetConfig(), rollout=rollout))
 
 
 def test_qwen3_0_6b_fits_a_v7x_slice():
-    hardware = tpu_v7x(64)
-    memory.check_fit(
-        load_model_option("qwen3_0_6b"),
-        hardware,
-        RolloutConfig(),
-        SMALL,
-        TRAINER,
-        colocated(hardware),
-    )
+    check_fit(setup(load_model_option("qwen3_0_6b"), tpu_v7x(64), SMALL))
 
 
-def test_an_engine_too_small_for_its_weights_is_refused_in_the_papers_words():
+def test_an_engine_too_small_for_its_weights_is_refused_naming_a_tp_that_fits():
     hardware = tpu_v7x(64)  # a disaggregated 8/8 split: the trainer fits, a TP1 32B replica not
-    roles = memory.Roles(trainer_hosts=8, rollout_hosts=8, colocated=False)
+    roles = Roles(trainer_hosts=8, rollout_hosts=8, colocated=False)
     dataset = DatasetConfig(
         prompts_per_step=16, samples_per_prompt=4, max_prompt_tokens=64, max_new_tokens=64
     )
-    with pytest.raises(
-        ConfigError,
-        match=r"^does not fit: the rollout engine needs \d+\.\d GiB per device of 94\.7 ",
-    ):
-        memory.check_fit(
-            load_model_option("qwen3_32b"), hardware, RolloutConfig(), dataset, TRAINER, roles
-        )
-    memory.check_fit(
-        load_model_option("qwen3_32b"),
-        hardware,
-        RolloutConfig(tensor_parallel=4),
-        dataset,
-        TRAINER,
-        roles,
+    model = load_model_option("qwen3_32b")
+    with pytest.raises(ConfigError) as error:
+        check_fit(setup(model, hardware, dataset, roles=roles))
+    assert re.match(
+        r"^does not fit: the rollout engine needs \d+\.\d GiB per device of 94\.7 ",
+        str(error.value),
+    )
+    assert "rollout.tensor_parallel=2" in str(error.value)
+    check_fit(
+        setup(model, hardware, dataset, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
     )
 
 
 def test_tp16_for_qwen3_14b_is_refused_naming_the_keys_and_the_valid_degrees():
     # The paper's case: 14B has 40 heads; a lockstep engine over all 256 TensorCores.
     hardware = tpu_v7x(128)
-    roles = memory.Roles(trainer_hosts=32, rollout_hosts=32, colocated=True, hosts_per_engine=32)
+    roles = colocated(hardware, hosts_per_engine=32)
     with pytest.raises(ConfigError) as error:
-        memory.check_fit(
-            load_model_option("qwen3_14b"),
-            hardware,
-            RolloutConfig(tensor_parallel=16),
-            SMALL,
-            TRAINER,
-            roles,
+        check_fit(
+            setup(
+                load_model_option("qwen3_14b"),
+                hardware,
+                SMALL,
+                roles=roles,
+                rollout=RolloutConfig(tensor_parallel=16),
+            )
         )
     assert str(error.value).startswith(
         "rollout.tensor_parallel=16 does not divide model.num_heads=40"
@@ -177,54 +253,60 @@ def test_tp16_for_qwen3_14b_is_refused_naming_the_keys_and_the_valid_degrees():
 
 
 def test_tp_must_tile_a_host_local_engine():
-    hardware = tpu_v7x(8)
     with pytest.raises(ConfigError, match="does not divide the 8 devices of a rollout engine"):
-        memory.check_tensor_parallel(
-            load_model_option("llama3_1_405b"),
-            RolloutConfig(tensor_parallel=16),
-            engine_devices=hardware.devices_per_host,
+        check_tensor_parallel(
+            setup(
+                load_model_option("llama3_1_405b"),
+                tpu_v7x(8),
+                SMALL,
+                rollout=RolloutConfig(tensor_parallel=16),
+            )
         )
 
 
 def test_more_trainer_devices_need_less_memory_each():
     model = load_model_option("qwen3_0_6b")
+    one = dataclasses.replace(TRAINER, micro_batch_rows=1)
     totals = [
-        memory.estimate_trainer_memory(model, SMALL, TRAINER, devices=d).total for d in (16, 32, 64)
+        fit.resolve_plan(setup(model, tpu_v7x(c), SMALL, trainer=one)).trainer.total
+        for c in (8, 16, 32)
     ]
     assert totals[0] > totals[1] > totals[2]
 
 
 def test_only_colocated_roles_share_a_device():
     hardware, model = tpu_v7x(16), load_model_option("qwen3_1_7b")
-    co = memory.plan_memory(model, hardware, RolloutConfig(), SMALL, TRAINER, colocated(hardware))
-    da = memory.plan_memory(
-        model,
-        hardware,
-        RolloutConfig(),
-        SMALL,
-        TRAINER,
-        memory.Roles(trainer_hosts=4, rollout_hosts=4, colocated=False),
+    co = fit.resolve_plan(setup(model, hardware, SMALL))
+    da = fit.resolve_plan(
+        setup(
+            model, hardware, SMALL, roles=Roles(trainer_hosts=2, rollout_hosts=2, colocated=False)
+        )
     )
     assert co.trainer_peak == co.trainer.total + co.engine.weights
     assert co.engine_peak == co.engine.total + co.trainer.resident
     assert (da.trainer_peak, da.engine_peak) == (da.trainer.total, da.engine.total)
 
 
-def test_dry_run_plan_names_hosts_devices_memory_and_parameters():
-    hardware = tpu_v7x(64)
-    text = memory.describe_plan(
-        load_model_option("qwen3_0_6b"),
-        hardware,
-        RolloutConfig(),
-        SMALL,
-        TRAINER,
-        colocated(hardware),
+def test_cpu_hosts_share_the_machine_and_the_plan_checks_their_sum():
+    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
+    gsm8k = DatasetConfig(
+        prompts_per_step=4, samples_per_prompt=2, max_prompt_tokens=128, max_new_tokens=16
     )
+    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    p = fit.resolve_plan(setup(model, cpu(4, gib=None), gsm8k, roles=roles))
+    overhead = 5 * plan.PROCESS_OVERHEAD_GIB * estimate.GIB  # 4 hosts and the Ray driver
+    assert p.machine_total == p.trainer_peak + 3 * p.engine_peak + overhead
+    assert p.trainer_peak > 3 * p.engine.weights  # a trainer host is not a rollout host's share
+
+
+def test_dry_run_plan_names_hosts_devices_memory_waves_and_parameters():
+    text = describe_plan(setup(load_model_option("qwen3_0_6b"), tpu_v7x(64), SMALL))
     assert "0.596B parameters" in text and "16 hosts x 8 devices" in text
     assert "trainer: 16 hosts, 128 devices (FSDP)" in text and "DP8 x TP1" in text
-    assert "GiB per device" in text and text.endswith("fits")
+    assert re.search(r"in 1 wave of 32 \(rollout.capacity\)", text)
+    assert "micro-batch" in text and "GiB per device" in text and text.endswith("fits")
 
 
-def test_default_tiny_run_fits_the_default_cpu_hardware():
-    hardware = HardwareConfig()
-    memory.check_fit(TINY, hardware, RolloutConfig(), DatasetConfig(), TRAINER, colocated(hardware))
+def test_default_tiny_run_fits_this_machine():
+    hardware = HardwareConfig(hosts=1)
+    check_fit(setup(TINY, hardware, DatasetConfig()))

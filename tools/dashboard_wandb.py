@@ -2,7 +2,8 @@
 
     python tools/dashboard_wandb.py --entity ENTITY [--project locoexp] [--name NAME] [--dry-run]
 
-The panels are those of locoexp/metrics/panels.py (tools/figures.py draws the same ones as PNG):
+The panels are those of locoexp/metrics/panels.py (`python -m locoexp.analysis figures` draws
+the same ones as PNG):
 step time by phase (stacked per step), step time, host-orchestration share, decode time per
 iteration, reward, held-out accuracy against the global step (`step`, the logger's x axis), and
 cost-to-learn from each run's summary (`cost/chip_hours`, `cost/usd`). Saving needs a W&B account

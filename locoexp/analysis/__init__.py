@@ -1,1 +1,6 @@
-"""Reading finished runs: comparisons by the paper's Appendix A protocol. Never imports jax."""
+"""Reading finished runs: the paper's comparisons (Appendix A), accounting (Appendix C, E.1),
+cost-to-learn across seeds (Appendix I) and figures. `python -m locoexp.analysis <command>`.
+
+Reads run directories only; never imports jax (nor Hydra): it runs where the results were
+copied, on a laptop without accelerators.
+"""

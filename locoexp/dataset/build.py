@@ -9,6 +9,21 @@ from locoexp.dataset.synthetic import EchoDigitsTask
 from locoexp.dataset.task import Task
 
 
+def needed_columns(kind: DatasetKind) -> tuple[str, ...]:
+    """The columns `build_task` reads from each row of `kind` (none for the embedded task)."""
+    match kind:
+        case DatasetKind.synthetic:
+            return ()
+        case DatasetKind.gsm8k:
+            return ("question", "answer")
+        case DatasetKind.numinamath_cot:
+            return ("problem", "solution")
+        case DatasetKind.openmathinstruct2:
+            return ("problem", "expected_answer")
+        case DatasetKind.swe_agent:
+            return ("trajectory",)
+
+
 def build_task(config: DatasetConfig, *, tokenizer_dir: str | None = None) -> Task:
     """Load, render and tokenize the prompts of `config` (once, at start-up)."""
     from locoexp.dataset.math_task import build_math_task

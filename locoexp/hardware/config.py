@@ -7,7 +7,6 @@ as a TPU slice; nothing but the chips is simulated). TPU v7x slices (Section 3):
 
 import dataclasses
 import enum
-import os
 
 from locoexp.errors import require
 
@@ -20,10 +19,13 @@ class ChipKind(enum.Enum):
 @dataclasses.dataclass(kw_only=True)
 class HardwareConfig:
     chip: ChipKind = ChipKind.cpu
-    hosts: int = 1  # H
+    # H. None (hardware=cpu): the smallest count the placement and split need, resolved by the
+    # root Config (1 for co and single_controller; 4 for placement=da split=0.25).
+    hosts: int | None = None
     chips_per_host: int = 1
     devices_per_chip: int = 1  # JAX devices per chip (v7x: 2 TensorCores)
-    # None (hardware=cpu only): this machine's physical memory shared by all local devices.
+    # None (hardware=cpu only): the local hosts share this machine's physical memory, read from
+    # the OS, and the memory plan checks their sum (locoexp/planner).
     memory_per_device_gib: float | None = None
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
     # The jax.distributed coordinator's port: the local launcher's (hardware=cpu, on 127.0.0.1)
@@ -33,6 +35,11 @@ class HardwareConfig:
     @property
     def devices_per_host(self) -> int:
         return self.chips_per_host * self.devices_per_chip
+
+    @property
+    def platform(self) -> str:
+        """The JAX backend these chips run ("cpu", "tpu"), for the kernel checks."""
+        return {ChipKind.cpu: "cpu", ChipKind.tpu_v7x: "tpu"}[self.chip]
 
     @property
     def chips(self) -> int:
@@ -46,17 +53,18 @@ class HardwareConfig:
         for key in ("hosts", "chips_per_host", "devices_per_chip"):
             value = getattr(self, key)
             require(
-                value >= 1, f"hardware.{key}={value} is invalid: it must be a positive integer."
+                value is None and key == "hosts" or value is not None and value >= 1,
+                f"hardware.{key}={value} is invalid: it must be a positive integer.",
             )
-        if self.memory_per_device_gib is None:
+        # Whether the root Config chose the host count (the dry-run plan says so).
+        self.hosts_auto = self.hosts is None
+        for key in ("hosts", "memory_per_device_gib"):
             require(
-                self.chip is ChipKind.cpu,
-                f"hardware.memory_per_device_gib must be set for hardware.chip={self.chip.value}.",
+                getattr(self, key) is not None or self.chip is ChipKind.cpu,
+                f"hardware.{key} must be set for hardware.chip={self.chip.value}.",
             )
-            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-            self.memory_per_device_gib = round(physical / self.devices, 1)
         require(
-            self.memory_per_device_gib > 0,
+            self.memory_per_device_gib is None or self.memory_per_device_gib > 0,
             f"hardware.memory_per_device_gib={self.memory_per_device_gib} must be > 0.",
         )
         require(

@@ -33,6 +33,10 @@ class LoggerConfig:
     tags: list[str] = dataclasses.field(default_factory=list)
     # None: online when W&B credentials are configured, offline otherwise.
     mode: WandbMode | None = None
+    # When online is asked for (mode=online or WANDB_MODE=online) but cannot work here (no
+    # credentials, or the W&B server does not answer within 2 s): false = refuse at start-up with
+    # the fix; true = log offline instead, with a printed notice (`wandb sync` uploads it later).
+    offline_fallback: bool = False
 
     def __post_init__(self):
         require(

@@ -1,9 +1,9 @@
 """The report's panels as data: which metrics each panel shows, against what, grouped by what.
 
 One definition feeds both drawers, so the W&B workspace (tools/dashboard_wandb.py) and the local
-PNG figures (tools/figures.py) show the same panels. Keys are those of metrics.jsonl and of the
-run summary (`cost/*`, see locoexp/metrics/cost.py). This module is data only: no W&B, no
-matplotlib.
+PNG figures (`python -m locoexp.analysis figures`) show the same panels. Keys are those of
+metrics.jsonl and of the run summary (`cost/*`, see locoexp/metrics/cost.py). This module is
+data only: no W&B, no matplotlib.
 """
 
 import dataclasses

@@ -11,26 +11,35 @@ credentials are configured (WANDB_API_KEY, an identity token file, or a netrc en
 host: files and environment only, no network), offline otherwise, so a user without an account
 still gets a run directory to `wandb sync` later.
 
+`checked_mode` adds what online needs before the run directory exists (`locoexp.preflight` calls
+it): credentials found locally and a W&B server that answers within 2 s. Asked-for online that
+cannot work is refused with the fix, or falls back to offline with a printed notice when
+`logger.offline_fallback` is set; an automatic online (credentials found) falls back with a notice.
+
 This module must not write metrics.jsonl (the step engine does), and must be built on one
 process only (the first host): W&B runs are per job, not per host.
 """
 
 import dataclasses
 import enum
+import functools
 import netrc
 import os
 import secrets
+import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import wandb
 
+from locoexp.errors import ConfigError
 from locoexp.metrics.config import LoggerConfig, LoggerKind, WandbMode
+from locoexp.network import PROBE_TIMEOUT_S, answers
 
 RUN_ID_FILE = "wandb_run_id"
 STEP_KEY = "step"  # the x axis of every panel: the global step, as in metrics.jsonl
-DEFAULT_WANDB_HOST = "https://api.wandb.ai"
+DEFAULT_WANDB_HOST = "https://api.wandb.ai"  # also W&B's upstream for its default Forge host
 
 
 class NullLogger:
@@ -121,7 +130,7 @@ def start_wandb_run(
         dir=str(run_dir),
         id=load_or_create_run_id(run_dir),
         resume="allow",
-        mode=resolve_mode(config.mode),
+        mode=checked_mode(config),
     )
 
 
@@ -155,13 +164,80 @@ def has_wandb_credentials() -> bool:
     """
     if os.environ.get(wandb.env.API_KEY) or os.environ.get(wandb.env.IDENTITY_TOKEN_FILE):
         return True
-    host = urllib.parse.urlsplit(os.environ.get(wandb.env.BASE_URL) or DEFAULT_WANDB_HOST)
+    hosts = {
+        urllib.parse.urlsplit(url).hostname or "" for url in (wandb_base_url(), DEFAULT_WANDB_HOST)
+    }
     path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
     try:
-        entry = netrc.netrc(path).authenticators(host.hostname or "")
+        entries = [netrc.netrc(path).authenticators(host) for host in sorted(hosts)]
     except (OSError, netrc.NetrcParseError):
         return False
-    return entry is not None and bool(entry[2])
+    return any(entry is not None and bool(entry[2]) for entry in entries)
+
+
+def wandb_base_url() -> str:
+    """The W&B server this process would talk to: WANDB_BASE_URL, else W&B's default."""
+    return os.environ.get(wandb.env.BASE_URL) or wandb.Settings().base_url
+
+
+def checked_mode(config: LoggerConfig) -> str:
+    """`resolve_mode`, made sure to work here: an online mode without credentials or without a
+    reachable server is refused (`ConfigError` with the fix) or, when allowed, becomes offline."""
+    mode = resolve_mode(config.mode)
+    if mode != WandbMode.online.value:
+        return mode
+    asked = (
+        "logger.mode=online"
+        if config.mode is not None
+        else (f"{wandb.env.MODE}=online" if os.environ.get(wandb.env.MODE) else None)
+    )
+    problem = _online_problem(
+        wandb_base_url(), has_wandb_credentials(), os.environ.get(wandb.env.API_KEY)
+    )
+    if problem is None:
+        return mode
+    if asked is not None and not config.offline_fallback:
+        raise ConfigError(
+            f"{asked} cannot work here: {problem}; log offline with logger.mode=offline (upload "
+            "later with `wandb sync <run dir>/wandb`), add logger.offline_fallback=true to fall "
+            "back to offline whenever online fails, or turn W&B off with logger=none."
+        )
+    _print_fallback(
+        f"W&B logs offline ({problem}); upload later with `wandb sync <run dir>/wandb`."
+    )
+    return WandbMode.offline.value
+
+
+@functools.cache
+def _online_problem(base_url: str, has_credentials: bool, api_key: str | None) -> str | None:
+    """Why online W&B cannot work (None: it can); the server probe runs once per process."""
+    if not has_credentials:
+        return (
+            "no W&B credentials are configured (WANDB_API_KEY, or a netrc entry from `wandb login`)"
+        )
+    key_problem = _api_key_problem(api_key)
+    if key_problem:
+        return f"{wandb.env.API_KEY} is malformed ({key_problem.rstrip('.')})"
+    if not answers(base_url):
+        return (
+            f"the W&B server {base_url} does not answer from this machine within "
+            f"{PROBE_TIMEOUT_S:g} s"
+        )
+    return None
+
+
+def _api_key_problem(key: str | None) -> str | None:
+    """W&B's own local format check of an API key (no network), where this W&B version has it."""
+    try:
+        from wandb.sdk.lib.wbauth.validation import check_api_key  # noqa: PLC0415
+    except ImportError:  # the check moved: W&B itself reports the key at wandb.init
+        return None
+    return check_api_key(key) if key else None
+
+
+@functools.cache
+def _print_fallback(notice: str) -> None:
+    print(f"warning: {notice}", file=sys.stderr, flush=True)  # once per process
 
 
 def to_plain(value: Any) -> Any:

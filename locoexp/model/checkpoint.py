@@ -17,7 +17,7 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from locoexp.errors import ConfigError, require
@@ -27,6 +27,7 @@ from locoexp.model.transformer import Transformer, build_model
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # refused, never unpickled
 
 # An NNX parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel").
 Path = tuple[str | int, ...]
@@ -176,15 +177,54 @@ def check_architecture(hf: dict, config: ModelConfig, directory: str) -> None:
     )
 
 
+def read_json(file: pathlib.Path, directory: str) -> dict:
+    """A JSON file of the checkpoint; an unreadable or malformed one is named in one sentence."""
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"model.checkpoint={directory}: {file.name} is not valid JSON (line {error.lineno}, "
+            f"column {error.colno}: {error.msg}); re-download or re-save the checkpoint."
+        ) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"model.checkpoint={directory}: {file.name} cannot be read ({error})."
+        ) from None
+
+
 def _shard_files(directory: pathlib.Path) -> list[pathlib.Path]:
     if (directory / INDEX_FILE).is_file():
-        weight_map = json.loads((directory / INDEX_FILE).read_text())["weight_map"]
+        weight_map = read_json(directory / INDEX_FILE, str(directory)).get("weight_map")
+        require(
+            isinstance(weight_map, dict) and weight_map,
+            f"model.checkpoint={directory}: {INDEX_FILE} has no weight_map of tensor -> file.",
+        )
         return [directory / name for name in sorted(set(weight_map.values()))]
+    pickled = [name for name in PICKLE_FILES if (directory / name).is_file()]
+    require(
+        not pickled,
+        f"model.checkpoint={directory} holds only {pickled[0] if pickled else ''}, a pickle that "
+        'locoexp never loads; convert it to safetensors with `python -c "from transformers import '
+        f"AutoModelForCausalLM as M; M.from_pretrained('{directory}').save_pretrained("
+        f"'{directory}', safe_serialization=True)\"`.",
+    )
     require(
         (directory / SINGLE_FILE).is_file(),
         f"model.checkpoint={directory} has neither {SINGLE_FILE} nor {INDEX_FILE}.",
     )
     return [directory / SINGLE_FILE]
+
+
+def open_shard(file: pathlib.Path, directory: pathlib.Path):
+    """`safe_open` of one weight file; a missing, truncated or non-safetensors file is named."""
+    require(file.is_file(), f"model.checkpoint={directory} lists the missing shard {file.name}.")
+    try:
+        return safe_open(str(file), framework="numpy")
+    except (SafetensorError, OSError) as error:
+        raise ConfigError(
+            f"model.checkpoint={directory}: {file.name} is not a readable safetensors file "
+            f"({error}); it is truncated or not safetensors, so re-download or re-save it."
+        ) from None
 
 
 def _ignored(name: str, config: ModelConfig) -> bool:
@@ -199,10 +239,7 @@ def read_parameters(directory: pathlib.Path, config: ModelConfig) -> dict[Path, 
     names = tensor_names(config)
     params: dict[Path, np.ndarray] = {}
     for file in _shard_files(directory):
-        require(
-            file.is_file(), f"model.checkpoint={directory} lists the missing shard {file.name}."
-        )
-        with safe_open(str(file), framework="numpy") as shard:
+        with open_shard(file, directory) as shard:
             for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if _ignored(name, config):
                     continue
@@ -224,7 +261,7 @@ def load_checkpoint(config: ModelConfig, directory: str) -> Transformer:
     path = pathlib.Path(directory)
     require(path.is_dir(), f"model.checkpoint={directory} is not a directory.")
     require((path / CONFIG_FILE).is_file(), f"model.checkpoint={directory} has no {CONFIG_FILE}.")
-    check_architecture(json.loads((path / CONFIG_FILE).read_text()), config, directory)
+    check_architecture(read_json(path / CONFIG_FILE, directory), config, directory)
     params = read_parameters(path, config)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
     leaves = []
@@ -268,6 +305,73 @@ def save_checkpoint(
         total += sum(a.nbytes for a in shard.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> its shape in a checkpoint of `config` (HF Linear: [out, in])."""
+    d, f, hd, v = config.hidden_dim, config.mlp_dim, config.head_dim, config.vocab_size
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    per_block = {
+        "self_attn.q_proj.weight": (q, d),
+        "self_attn.k_proj.weight": (kv, d),
+        "self_attn.v_proj.weight": (kv, d),
+        "self_attn.o_proj.weight": (d, q),
+        "mlp.gate_proj.weight": (f, d),
+        "mlp.up_proj.weight": (f, d),
+        "mlp.down_proj.weight": (d, f),
+        "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+    }
+    shapes = {
+        "model.embed_tokens.weight": (v, d),
+        "model.norm.weight": (d,),
+        "lm_head.weight": (v, d),
+    }
+    for name in tensor_names(config):
+        if name.startswith("model.layers."):
+            shapes[name] = per_block[name.split(".", 3)[3]]
+    return {name: shapes[name] for name in tensor_names(config)}
+
+
+def check_checkpoint(config: ModelConfig) -> None:
+    """Every refusal `load_model` would make, from config.json and the safetensors headers only
+    (no tensor is read): directory, JSON files, architecture, weight files, tensor names and
+    shapes. `locoexp.preflight` runs it before the run directory exists."""
+    if config.checkpoint is None:
+        return
+    directory = config.checkpoint
+    path = pathlib.Path(directory)
+    require(
+        path.is_dir(),
+        f"model.checkpoint={directory} is not a directory: give a local Hugging Face checkpoint "
+        "directory (config.json + safetensors) or null for random init.",
+    )
+    require((path / CONFIG_FILE).is_file(), f"model.checkpoint={directory} has no {CONFIG_FILE}.")
+    check_architecture(read_json(path / CONFIG_FILE, directory), config, directory)
+    expected, found = hf_shapes(config), {}
+    for file in _shard_files(path):
+        with open_shard(file, path) as shard:
+            for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if not _ignored(name, config):
+                    found[name] = (file.name, tuple(shard.get_slice(name).get_shape()))
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise ConfigError(
+            f"model.checkpoint={directory} has the unexpected tensor {unexpected[0]}."
+        )
+    missing = sorted(set(expected) - set(found))
+    require(
+        not missing,
+        f"model.checkpoint={directory} lacks the tensor(s) {', '.join(missing[:5])}.",
+    )
+    for name, (file, shape) in found.items():
+        require(
+            shape == expected[name],
+            f"model.checkpoint={directory}: {file} holds {name} with shape {shape}, but the "
+            f"selected model needs {expected[name]}.",
+        )
 
 
 def load_model(config: ModelConfig, *, seed: int) -> Transformer:

@@ -65,3 +65,37 @@ class ModelConfig:
             self.rope_scaling_factor >= 1.0,
             f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (1 = no scaling).",
         )
+
+
+class AttentionKind(enum.Enum):
+    """How the train step attends over packed rows (`trainer.attention`; kernels in
+    `locoexp/model/attention.py`). Only `dense` forms [L, L] scores; the others grow linearly
+    with the row length L in memory, forward and backward.
+
+    dense: [B, heads, L, L] scores and a [B, L, L] mask (the reference in tests).
+    blockwise: online softmax over key/query blocks in plain JAX with a recomputing backward
+    (flash-attention style); every backend.
+    splash: JAX's Pallas splash-attention kernel; TPU only.
+    cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`; GPU only.
+    """
+
+    dense = "dense"
+    blockwise = "blockwise"
+    splash = "splash"
+    cudnn = "cudnn"
+
+
+class RematPolicy(enum.Enum):
+    """What each decoder block keeps for the backward pass (`trainer.remat`).
+
+    none: every activation (the fastest, the most memory).
+    block: only the block's input; the block is recomputed in the backward pass.
+    save_matmuls: the outputs of the weight matmuls (projections, MLP); the rest is recomputed.
+    offload: like save_matmuls, but saved in host memory (the paper's 405B workaround, Table
+    H2); TPU/GPU only.
+    """
+
+    none = "none"
+    block = "block"
+    save_matmuls = "save_matmuls"
+    offload = "offload"

@@ -15,7 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from locoexp.model.config import ModelConfig
+from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask
+from locoexp.model.config import ModelConfig, RematPolicy
+from locoexp.model.remat import call_block
+
+__all__ = ["Transformer", "build_model", "causal_segment_mask", "init_cache"]
 
 Array = jax.Array
 KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, E, h]
@@ -97,11 +101,15 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
 
-    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
+    def __call__(
+        self, x, positions, mask, inv_freq, cache=None, cache_index=None, *, segment_ids=None,
+        attention=None,
+    ):  # fmt: skip
         """x [B,T,D], positions [B,T] -> [B,T,D], cache.
 
         Without a cache, mask [B,T,T] (True = may attend). With one, mask [B,S] marks the slots
-        holding real tokens (see `attend_cached`)."""
+        holding real tokens (see `attend_cached`). The trainer path passes `segment_ids` [B,T]
+        and an `AttentionSpec` instead of a mask."""
         b, t, _ = x.shape
         k_heads, r, h = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         q = self.q_proj(x).reshape(b, t, self.num_heads, h)
@@ -110,6 +118,9 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if segment_ids is not None:  # packed training rows: no [T, S] mask, no cache
+            out = attend(attention, q, k, v, segment_ids).reshape(b, t, self.num_heads * h)
+            return self.o_proj(out), None
         if cache is not None:
             out, cache = attend_cached(q, k, v, mask, cache, cache_index)
             return self.o_proj(out), cache
@@ -174,9 +185,9 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None):
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
         attn_out, cache = self.attn(
-            self.input_norm(x), positions, mask, inv_freq, cache, cache_index
+            self.input_norm(x), positions, mask, inv_freq, cache, cache_index, **packed
         )
         x = x + attn_out
         return x + self.mlp(self.post_attn_norm(x)), cache
@@ -226,6 +237,27 @@ class Transformer(nnx.Module):
             new_cache.append(layer_cache)
         return self.final_norm(x), (None if cache is None else tuple(new_cache))
 
+    def packed_hidden(
+        self,
+        tokens: Array,
+        positions: Array,
+        segment_ids: Array,
+        *,
+        attention: AttentionSpec,
+        remat: RematPolicy = RematPolicy.none,
+    ) -> Array:
+        """The trainer's forward: packed rows tokens, positions, segment_ids [B,T] -> final
+        hidden states [B,T,D], attending with `attention` and no [T, T] mask; each block's
+        activations kept or recomputed as `remat` says."""
+        inv_freq = rope_inverse_frequencies(self.config)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = call_block(
+                layer, x, remat, positions=positions, mask=None, inv_freq=inv_freq,
+                segment_ids=segment_ids, attention=attention,
+            )  # fmt: skip
+        return self.final_norm(x)
+
     def logits(self, hidden: Array) -> Array:
         """Output head: hidden [..., D] -> logits [..., V] in float32."""
         if self.config.tie_embeddings:
@@ -245,14 +277,6 @@ def init_cache(
     return tuple(
         (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers)
     )
-
-
-def causal_segment_mask(segment_ids: Array) -> Array:
-    """[B,T] segment ids (0 = padding) -> [B,T,T] mask: same segment and not in the future."""
-    t = segment_ids.shape[-1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return same & causal & (segment_ids[:, :, None] > 0)
 
 
 def build_model(config: ModelConfig, *, seed: int) -> Transformer:

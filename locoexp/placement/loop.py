@@ -39,6 +39,7 @@ from locoexp.metrics.run_output import RunOutput, summarize_steps
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
+from locoexp.trainer.divergence import require_finite_step
 
 
 class Transport(Protocol):
@@ -173,6 +174,8 @@ class StepLoop:
                 results = t.collect_train(training, timer)
                 with timer.phase("log"):
                     self._emit(results[0].exchanged, next_reports=reports)
+                # after step t-1's record is out; every host sees the same (global) loss
+                require_finite_step(results[0].report.metrics, step=step)
             step_end = time.perf_counter()
         breakdown = self.profiler.metrics(step)
         if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation

@@ -22,7 +22,8 @@ class RolloutConfig:
     ignore_eos: bool = False
     # Max concurrent sequences per engine; larger batches generate in waves (Appendix E: "two
     # waves at 8 chips"), each with a KV cache of capacity x (prompt bucket + max_new_tokens).
-    # 0 = all requests of the host in one wave.
+    # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up (an engine
+    # built directly with 0 runs all its requests in one wave).
     capacity: int = 0
     # TP degree per engine replica (Section 4.1: TP1 for small models, up to TP32 in Table H1).
     # The JAX engine shards attention heads and the MLP width over TP devices; its data-parallel
@@ -56,14 +57,19 @@ class RolloutConfig:
     enforce_eager: bool = False
 
     def __post_init__(self):
+        # Training samples must be random: at temperature 0 every sample of a GRPO group is the
+        # same greedy completion, so the group advantage and the gradient are zero.
         require(
-            self.temperature >= 0,
-            f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy).",
+            self.temperature > 0,
+            f"rollout.temperature={self.temperature} must be > 0 for training (0 = greedy gives "
+            "every sample of a group the same completion); greedy evaluation is "
+            "rollout.eval_temperature=0.",
         )
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
         require(
-            self.capacity >= 0, f"rollout.capacity={self.capacity} must be >= 0 (0 = one wave)."
+            self.capacity >= 0,
+            f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit).",
         )
         require(
             self.tensor_parallel >= 1,
@@ -79,7 +85,7 @@ class RolloutConfig:
         )
         require(
             self.eval_temperature >= 0,
-            f"rollout.eval_temperature={self.eval_temperature} must be >= 0.",
+            f"rollout.eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy).",
         )
         require(
             self.data_parallel >= 1, f"rollout.data_parallel={self.data_parallel} must be >= 1."

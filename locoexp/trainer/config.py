@@ -1,8 +1,29 @@
-"""Schema of the `trainer` keys (root-level, no group): memory/speed knobs of the train step."""
+"""Schema of the `trainer` keys (root-level, no group): memory/speed knobs of the train step.
+
+Also the start-up checks of the kernels a backend can run (`check_attention_backend`,
+`check_remat_backend`), jax-free so that the root config's checks can call them.
+"""
 
 import dataclasses
 
 from locoexp.errors import require
+from locoexp.model.config import AttentionKind, RematPolicy
+
+__all__ = ["AttentionKind", "RematPolicy", "TrainerConfig", "check_attention_backend"]
+
+# The platforms each kernel runs on (`jax.default_backend()` names).
+_ATTENTION_PLATFORMS = {
+    AttentionKind.dense: ("cpu", "gpu", "tpu"),
+    AttentionKind.blockwise: ("cpu", "gpu", "tpu"),
+    AttentionKind.splash: ("tpu",),
+    AttentionKind.cudnn: ("gpu",),
+}
+_REMAT_PLATFORMS = {
+    RematPolicy.none: ("cpu", "gpu", "tpu"),
+    RematPolicy.block: ("cpu", "gpu", "tpu"),
+    RematPolicy.save_matmuls: ("cpu", "gpu", "tpu"),
+    RematPolicy.offload: ("gpu", "tpu"),  # needs a pinned host memory space next to the device
+}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -13,6 +34,18 @@ class TrainerConfig:
     logit_chunk_tokens: int = 256
     # Packed row length; None = dataset.max_prompt_tokens + dataset.max_new_tokens (rounded up to 8)
     row_tokens: int | None = None
+    # Attention kernel of the train step (see `AttentionKind`): blockwise runs everywhere and
+    # never forms [L, L] scores; splash needs a TPU, cudnn a GPU.
+    attention: AttentionKind = AttentionKind.blockwise
+    # Query/key block size of `blockwise`, in tokens (rows shorter than a block use one block).
+    attention_block_tokens: int = 512
+    # What each decoder block keeps for the backward pass (see `RematPolicy`).
+    remat: RematPolicy = RematPolicy.none
+    # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
+    # and the batch still gets one optimizer update (the paper's one update per batch).
+    # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up (a
+    # Trainer built directly with 0 runs all rows at once).
+    micro_batch_rows: int = 0
 
     def __post_init__(self):
         require(
@@ -23,3 +56,33 @@ class TrainerConfig:
             self.row_tokens is None or self.row_tokens >= 2,
             f"trainer.row_tokens={self.row_tokens} must be >= 2 or null.",
         )
+        require(
+            self.attention_block_tokens >= 8 and self.attention_block_tokens % 8 == 0,
+            f"trainer.attention_block_tokens={self.attention_block_tokens} must be a positive "
+            "multiple of 8.",
+        )
+        require(
+            self.micro_batch_rows >= 0,
+            f"trainer.micro_batch_rows={self.micro_batch_rows} must be >= 0 "
+            "(0 = the most that fit).",
+        )
+
+
+def check_attention_backend(kind: AttentionKind, platform: str) -> None:
+    """Refuse (ConfigError) an attention kernel that `platform` ("cpu", "gpu", "tpu") cannot run."""
+    allowed = _ATTENTION_PLATFORMS[kind]
+    require(
+        platform in allowed,
+        f"trainer.attention={kind.value} runs only on {'/'.join(allowed)}, not on {platform}; "
+        "use trainer.attention=blockwise (every backend).",
+    )
+
+
+def check_remat_backend(policy: RematPolicy, platform: str) -> None:
+    """Refuse (ConfigError) a remat policy that `platform` ("cpu", "gpu", "tpu") cannot run."""
+    allowed = _REMAT_PLATFORMS[policy]
+    require(
+        platform in allowed,
+        f"trainer.remat={policy.value} runs only on {'/'.join(allowed)}, not on {platform}; "
+        "use trainer.remat=save_matmuls or block to save memory here.",
+    )

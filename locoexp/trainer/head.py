@@ -44,7 +44,7 @@ def _chunked(x: jax.Array, size: int) -> jax.Array:
     return x.reshape(padded // size, size, *x.shape[1:])
 
 
-def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
+def head_loss_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
     """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
     k = hidden.shape[0]
     size = min(spec.chunk, k)
@@ -107,12 +107,12 @@ def _forward_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array,
 def head_loss(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
     """(loss, metrics) of the policy given final hidden states at the K loss positions and the
     output-head weight [V, D] (the tied embedding or the transposed lm_head kernel)."""
-    loss, metrics, _, _ = _forward_and_grads(spec, hidden, weight, batch)
+    loss, metrics, _, _ = head_loss_and_grads(spec, hidden, weight, batch)
     return loss, metrics
 
 
 def _head_loss_fwd(spec, hidden, weight, batch):
-    loss, metrics, dh, dweight = _forward_and_grads(spec, hidden, weight, batch)
+    loss, metrics, dh, dweight = head_loss_and_grads(spec, hidden, weight, batch)
     return (loss, metrics), (dh, dweight)
 
 

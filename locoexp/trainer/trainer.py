@@ -2,8 +2,10 @@
 
 The trainer holds the policy parameters and optimizer state sharded over a mesh axis `fsdp`
 (each parameter split along its largest dimension that the device count divides), takes a
-`PackedBatch` and returns scalar metrics. It never generates and never knows about placement;
-`params` is what weight publication hands to the engines.
+`PackedBatch` and returns scalar metrics. Memory knobs (`TrainerConfig`): the attention kernel,
+per-block rematerialisation and micro-batches with gradient accumulation (`trainer/micro.py`).
+It never generates and never knows about placement; `params` is what weight publication hands
+to the engines.
 
 Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
 """
@@ -17,9 +19,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.algo.config import AlgoConfig
-from locoexp.model.transformer import Transformer, causal_segment_mask
-from locoexp.trainer.config import TrainerConfig
-from locoexp.trainer.head import HeadLossSpec, head_loss
+from locoexp.model.attention import AttentionSpec
+from locoexp.model.config import AttentionKind, RematPolicy
+from locoexp.model.transformer import Transformer
+from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
+from locoexp.trainer.head import HeadLossSpec, head_loss, head_loss_and_grads
+from locoexp.trainer.micro import MicroLayout, accumulate_decoder_grads, hidden_in_micro_batches
 from locoexp.trainer.packing import PackedBatch
 
 
@@ -45,11 +50,31 @@ def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
     return adamw
 
 
-def loss_position_hidden(model: Transformer, batch: dict) -> jax.Array:
+ROW_KEYS = ("tokens", "positions", "segment_ids")  # the batch arrays of shape [R, L]
+BLOCKWISE = AttentionSpec(kind=AttentionKind.blockwise)
+
+
+def row_hidden(
+    model: Transformer,
+    rows: dict,
+    *,
+    attention: AttentionSpec = BLOCKWISE,
+    remat: RematPolicy = RematPolicy.none,
+) -> jax.Array:
+    """Final hidden states [R, L, D] of packed rows (tokens, positions, segment_ids [R, L])."""
+    return model.packed_hidden(
+        rows["tokens"], rows["positions"], rows["segment_ids"], attention=attention, remat=remat
+    )
+
+
+def at_loss_positions(hidden: jax.Array, loss_index: jax.Array) -> jax.Array:
+    """[R, L, D] -> [K, D] at the positions that predict the loss targets."""
+    return hidden.reshape(-1, hidden.shape[-1])[loss_index]
+
+
+def loss_position_hidden(model: Transformer, batch: dict, **forward) -> jax.Array:
     """Final hidden states [K, D] at the positions that predict the loss targets."""
-    mask = causal_segment_mask(batch["segment_ids"])
-    hidden, _ = model(batch["tokens"], batch["positions"], mask)
-    return hidden.reshape(-1, hidden.shape[-1])[batch["loss_index"]]
+    return at_loss_positions(row_hidden(model, batch, **forward), batch["loss_index"])
 
 
 def head_weight(model: Transformer) -> jax.Array:
@@ -62,7 +87,14 @@ def head_weight(model: Transformer) -> jax.Array:
 def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk: int) -> jax.Array:
     """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks
     (a forward pass: the train step differentiates through `head_loss` instead)."""
-    hidden = loss_position_hidden(model, batch)  # [K, D]
+    hidden = loss_position_hidden(model, batch)
+    return head_logprobs(model, hidden, batch["loss_targets"], temperature=temperature, chunk=chunk)
+
+
+def head_logprobs(
+    model: Transformer, hidden: jax.Array, targets: jax.Array, *, temperature: float, chunk: int
+) -> jax.Array:
+    """Log-probs [K] of `targets` [K] given the hidden states [K, D] at their positions."""
     scale = 1.0 / temperature if temperature > 0 else 1.0
 
     def chunk_logprobs(args):
@@ -74,7 +106,6 @@ def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk
     k = hidden.shape[0]
     size = min(chunk, k)
     padded = -(-k // size) * size  # the last chunk is padded with copies of slot 0, then dropped
-    targets = batch["loss_targets"]
     if padded != k:
         hidden = jnp.concatenate(
             [hidden, jnp.broadcast_to(hidden[:1], (padded - k, hidden.shape[1]))]
@@ -97,6 +128,8 @@ class Trainer:
         temperature: float,
         max_new_tokens: int,
     ):
+        check_attention_backend(config.attention, jax.default_backend())
+        check_remat_backend(config.remat, jax.default_backend())
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.graphdef, params = nnx.split(model, nnx.Param)
@@ -130,6 +163,9 @@ class Trainer:
             aggregation=algo.loss_aggregation,
             temperature=temperature,
             chunk=config.logit_chunk_tokens,
+        )
+        self.attention = AttentionSpec(
+            kind=config.attention, block_tokens=config.attention_block_tokens
         )
         self.steps_done = 0
         self._step = jax.jit(
@@ -176,25 +212,68 @@ class Trainer:
         placed["normalizer"] = jnp.float32(batch.num_sequences * processes * self.max_new_tokens)
         return placed
 
+    def _layout(self, batch: dict) -> MicroLayout:
+        return MicroLayout.of(batch["tokens"].shape[0], self.devices, self.config.micro_batch_rows)
+
+    def _hidden_fn(self, params, rows: dict) -> jax.Array:
+        """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat."""
+        model = nnx.merge(self.graphdef, params)
+        return row_hidden(model, rows, attention=self.attention, remat=self.config.remat)
+
+    def _loss_hidden(self, params, batch: dict) -> jax.Array:
+        """Hidden states [K, D] at the loss positions, micro-batch by micro-batch (forward only)."""
+        rows = {key: batch[key] for key in ROW_KEYS}
+        hidden = hidden_in_micro_batches(self._hidden_fn, params, rows, self._layout(batch))
+        return at_loss_positions(hidden, batch["loss_index"])
+
     def _logprobs_fn(self, params, batch):
         model = nnx.merge(self.graphdef, params)
-        return token_logprobs(
-            model, batch, temperature=self.temperature, chunk=self.config.logit_chunk_tokens
+        return head_logprobs(
+            model,
+            self._loss_hidden(params, batch),
+            batch["loss_targets"],
+            temperature=self.temperature,
+            chunk=self.config.logit_chunk_tokens,
         )
 
-    def _train_step(self, params, opt_state, batch, reference):
+    def _one_shot_grads(self, params, batch):
+        """Loss, metrics and gradients with every row's activations alive at once."""
+
+        def loss_fn(p):
+            hidden = at_loss_positions(self._hidden_fn(p, batch), batch["loss_index"])
+            weight = head_weight(nnx.merge(self.graphdef, p))
+            return head_loss(self.loss_spec, hidden, weight, batch)
+
+        return jax.value_and_grad(loss_fn, has_aux=True)(params)
+
+    def _accumulated_grads(self, params, batch, layout: MicroLayout):
+        """The same loss, metrics and gradients, one micro-batch's activations at a time
+        (`trainer/micro.py`): the head runs once over all K loss positions."""
+        rows = {key: batch[key] for key in ROW_KEYS}
+        hidden = hidden_in_micro_batches(self._hidden_fn, params, rows, layout)  # [R, L, D]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        weight, weight_vjp = jax.vjp(lambda p: head_weight(nnx.merge(self.graphdef, p)), params)
+        hidden_k = flat[batch["loss_index"]]
+        loss, metrics, dh, dweight = head_loss_and_grads(self.loss_spec, hidden_k, weight, batch)
+        dhidden = jnp.zeros_like(flat).at[batch["loss_index"]].add(dh).reshape(hidden.shape)
+        grads = accumulate_decoder_grads(self._hidden_fn, params, rows, dhidden, layout)
+        (head_grads,) = weight_vjp(dweight)
+        grads = jax.tree.map(lambda g, h, p: (g + h).astype(p.dtype), grads, head_grads, params)
+        return (loss, metrics), grads
+
+    def _loss_and_grads(self, params, batch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
             batch = {
                 **batch,
                 "ref_logprobs": jax.lax.stop_gradient(self._logprobs_fn(reference, batch)),
             }
+        layout = self._layout(batch)
+        if layout.count == 1:
+            return self._one_shot_grads(params, batch)
+        return self._accumulated_grads(params, batch, layout)
 
-        def loss_fn(p):
-            model = nnx.merge(self.graphdef, p)
-            hidden = loss_position_hidden(model, batch)
-            return head_loss(self.loss_spec, hidden, head_weight(model), batch)
-
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    def _train_step(self, params, opt_state, batch, reference):
+        (loss, metrics), grads = self._loss_and_grads(params, batch, reference)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         params = jax.lax.with_sharding_constraint(params, self.param_shardings)
@@ -209,6 +288,15 @@ class Trainer:
         )
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def loss_and_grads(self, batch: PackedBatch):
+        """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
+        return jax.jit(self._loss_and_grads)(self.params, self.device_batch(batch), self.reference)
+
+    def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
+        """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
+        placed = self.device_batch(batch)
+        return self._step.lower(self.params, self.opt_state, placed, self.reference)
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
         """The trainer's recomputation of this process's loss targets' log-probs [K]."""

@@ -1,0 +1,193 @@
+"""Run directories as analysis input: records, config labels, the steady window, launches pooled.
+
+A run directory is what `python run.py` leaves (`metrics.jsonl`, `.hydra/config.yaml`,
+`summary.json`); a sweep directory holds one run directory per job. This module finds runs,
+labels them by the config keys the paper's tables vary (placement, chips, hosts, split,
+workload, model, levers) and picks Appendix A's steady window. It never imports jax or Hydra.
+"""
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from locoexp.errors import ConfigError
+from locoexp.metrics.run_records import METRICS_FILE, RunRecords, read_run, read_run_config
+
+STEP_TIME = "timing/step_s"
+LEVER_KEYS = ("metrics_off_barrier", "freeze_gc", "balance_prompts", "publish_in_one_call")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run directory: its records and the config it ran with (a plain dict)."""
+
+    records: RunRecords
+    config: dict[str, Any]
+    summary: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.records.run_dir
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.records.steps
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """A config value by dotted key (`placement.kind`), or `default` when absent."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def placement(self) -> str:
+        return self.records.placement
+
+    @property
+    def hosts(self) -> int:
+        return int(self.get("hardware.hosts", 0) or 0)
+
+    @property
+    def chips(self) -> int:
+        return self.records.chips
+
+    @property
+    def split(self) -> float | None:
+        return self.get("split")
+
+    @property
+    def launch(self) -> int:
+        return int(self.get("launch", 0) or 0)
+
+    @property
+    def seed(self) -> int:
+        return int(self.get("seed", 0) or 0)
+
+    @property
+    def arm(self) -> str:
+        """The arm as the paper names it: Pathways-style, LoCoJAX base/optimized, DA split."""
+        levers = [bool(self.get(f"opt.{k}", False)) for k in LEVER_KEYS]
+        if self.placement == "da":
+            return f"da {self.split:g}"
+        if self.placement == "single_controller":
+            return "single_controller"
+        if all(levers):
+            return "co optimized"
+        if not any(levers):
+            return "co base"
+        off = [f"O{i}" for i, on in enumerate(levers, 1) if not on]
+        return f"co {'+'.join(off)} off"
+
+    @property
+    def workload(self) -> str:
+        return str(self.get("dataset.kind", "unknown"))
+
+    @property
+    def model(self) -> str:
+        name = self.get("model.name", "model")
+        width = self.get("model.hidden_dim")
+        return f"{name} (D={width})" if name in ("tiny", "tiny_qwen") and width else str(name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload} | {self.arm} | {self.chips} chips"
+
+
+def read(run_dir: Path) -> Run:
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return Run(records=read_run(run_dir), config=read_run_config(run_dir), summary=summary)
+
+
+def find_runs(paths: Iterable[Path]) -> list[Run]:
+    """Every run under `paths`: a run directory itself, or the run directories below a sweep."""
+    found: list[Run] = []
+    for path in map(Path, paths):
+        if (path / METRICS_FILE).exists():
+            found.append(read(path))
+            continue
+        if not path.is_dir():
+            raise ConfigError(f"{path} is neither a run directory nor a sweep directory.")
+        below = sorted(p.parent for p in path.rglob(METRICS_FILE))
+        if not below:
+            raise ConfigError(f"{path} holds no run directory (no {METRICS_FILE} below it).")
+        found.extend(read(p) for p in below)
+    return found
+
+
+def select(runs: Sequence[Run], filters: Sequence[str]) -> list[Run]:
+    """The runs whose config matches every `key=value` filter (values compared as text)."""
+    wanted = []
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"filter {item!r} must read key=value, e.g. placement.kind=co.")
+        wanted.append((key, value))
+    return [r for r in runs if all(_text(r.get(k)) == v for k, v in wanted)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SteadyWindow:
+    first: int
+    last: int  # inclusive
+    rule: str  # how it was chosen, for the report
+
+
+def steady_window(run: Run, *, override: str | None = None) -> SteadyWindow:
+    """Appendix A: the second pass over the same batches minus its first 3 and last 1 of 20
+    steps (steps 23-38 of 40), the same shares for other pass lengths; one pass: steps >= 2."""
+    if override:
+        first, sep, last = override.partition(":")
+        if not sep or not first.isdigit() or not last.isdigit() or int(first) > int(last):
+            raise ConfigError(f"--steady={override!r} must read FIRST:LAST, e.g. 23:38.")
+        return SteadyWindow(first=int(first), last=int(last), rule="given")
+    n = run.get("dataset.batches_per_pass")
+    passes = int(run.get("dataset.passes", 1) or 1)
+    steps = int(run.get("steps", len(run.steps)) or len(run.steps))
+    if n and passes >= 2:
+        first, last = n + math.ceil(3 * n / 20), 2 * n - 1 - math.ceil(n / 20)
+        if first <= last < steps:  # a run cut shorter than its second pass falls back below
+            return SteadyWindow(first=first, last=last, rule="second pass (Appendix A)")
+    return SteadyWindow(first=min(2, steps - 1), last=steps - 1, rule="after warm-up (one pass)")
+
+
+def steady_steps(run: Run, *, override: str | None = None) -> list[dict[str, Any]]:
+    window = steady_window(run, override=override)
+    return [
+        r
+        for r in run.steps
+        if window.first <= r["step"] <= window.last and isinstance(r.get(STEP_TIME), int | float)
+    ]
+
+
+def processed_tokens(record: dict[str, Any]) -> float:
+    """Prompt plus completion tokens of a step (the per-token basis of Section 3.3)."""
+    return float(record["rollout/tokens_in"]) + float(record["rollout/tokens_out"])
+
+
+def steady_median(run: Run, key: str, *, override: str | None = None) -> float | None:
+    """Median of `key` over the steady window; None when no steady step logs it."""
+    values = sorted(
+        float(r[key]) for r in steady_steps(run, override=override) if _number(r.get(key))
+    )
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,269 @@
+"""Bytes per device of the trainer's step and of one rollout wave, term by term.
+
+Arithmetic only: nothing here allocates, traces or touches a device, so a plan of Llama-3.1-405B
+costs microseconds. Every term names the buffer it stands for; the constants that are not
+shapes (how many [L, L]-sized copies dense attention keeps, which phase of the step peaks) were
+read off XLA's buffer assignment of the compiled programs (`memory_analysis()`, checked in
+tests/test_planner_xla.py), not guessed.
+
+Glossary (bytes per element `a` of model.param_dtype, `a_s` of the sampler's dtype): n
+parameters, L trainer row tokens, m rows per micro-batch, H/K query/KV heads, h head_dim, D
+width, F MLP width, V vocabulary, layers, C logit chunk, t rollout TP degree, s sequences per
+engine replica, P' padded prompt, S = P' + max_new_tokens KV slots, c prefill chunk.
+
+Trainer (locoexp/trainer), FSDP over its Dt devices, gradient accumulation over micro-batches
+and one AdamW update per batch:
+  resident: params + AdamW m and v (optax keeps them in the param dtype) [+ KL reference],
+    each n*a/Dt; the batch's int32 inputs.
+  gradients n*a/Dt; with more than one micro-batch (locoexp/trainer/micro.py) one
+    micro-batch's gradients beside three float32 copies n*4/Dt (the accumulator carried in and
+    out of the scan, and the sum with the head's gradient; XLA), and every row's final hidden states
+    and their gradient, 2*rows*L*D*a, which the head between the two decoder passes needs.
+  gathered block: the FSDP all-gather of the layer being computed (Dt > 1 only).
+  activations of one micro-batch of m x L tokens, by `trainer.remat` (`_saved_per_token`) plus
+    the working set of the one block being differentiated (`_working_per_token`); `offload`
+    keeps save_matmuls' outputs in host memory (reported, not checked: host RAM is not a
+    hardware key) and brings one block's back at a time.
+  head (trainer/head.py), once over all loss slots: their hidden states and gradient (D at `a`), the
+    float32 [V, D] head-gradient accumulator, and one chunk's [C, V] float32 logits. The chunk's
+    temporaries are dead before the backward pass produces parameter gradients, so the step's
+    peak holds the larger of the two, not both (XLA: the tiny_qwen-shaped step).
+Engine (locoexp/rollout), one replica per TP group of t devices:
+  weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
+    embeddings and norms replicated (locoexp/rollout/sharding.py);
+  KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
+  prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, two copies (scores and
+    probabilities; four with a bfloat16 sampler, which also casts them) and a second KV cache
+    (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
+    log-softmax).
+"""
+
+import dataclasses
+import math
+
+from locoexp.model.config import DType, ModelConfig
+from locoexp.model.sizes import count_block_parameters, count_embedding_parameters
+from locoexp.trainer.config import AttentionKind, RematPolicy
+
+GIB = 2**30
+F32 = 4
+BYTES = {DType.float32: 4, DType.bfloat16: 2}
+# Dense attention keeps four float32 [H, L] rows per token and layer through the backward pass:
+# the scores, the masked scores, the probabilities and their gradient (XLA, tests/test_planner_xla).
+DENSE_SCORE_COPIES = 4
+# Prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities beside a second KV
+# cache (the chunk loop's carry): fitted to XLA (CPU) at eight engine shapes (chunks of 1/4 to
+# all of the prompt; tests/test_planner_xla.py checks three), within 0.79-1.15.
+BLOCKWISE_TILE_COPIES = 5  # scores, probabilities, their gradient, the score gradient, mask
+PREFILL_SCORE_COPIES = {DType.float32: 2, DType.bfloat16: 4}
+DECODE_LOGIT_COPIES = 2  # logits and their log-softmax for sampling
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerShape:
+    """What one trainer device holds and computes at the caps."""
+
+    devices: int  # Dt, the FSDP axis
+    rows: int  # packed rows per device
+    row_tokens: int  # L
+    micro_batch_rows: int  # m
+    loss_slots: int  # K loss positions per device
+    logit_chunk: int  # C
+    attention: AttentionKind
+    attention_block: int
+    remat: RematPolicy
+    kl_reference: bool
+
+    @property
+    def micro_batches(self) -> int:
+        return -(-self.rows // self.micro_batch_rows)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerMemory:
+    """Bytes per trainer device, by term."""
+
+    params: int
+    gradients: int  # gradients; with micro-batches a float32 accumulator and one micro-batch's
+    row_states: int  # with micro-batches: every row's final hidden states and their gradient
+    optimizer: int  # AdamW m and v
+    reference: int  # the KL reference policy (algo.kl_coef > 0), else 0
+    inputs: int  # the packed batch's int32 / float32 arrays
+    gathered_block: int
+    activations: int  # one micro-batch, by the remat policy
+    head_gradient: int  # the float32 [V, D] accumulator of the fused head
+    head_chunk: int  # one chunk's logits and the slots' hidden states and their gradient
+    offloaded: int  # remat=offload: saved activations in host memory (not on the device)
+
+    @property
+    def resident(self) -> int:
+        """What outlives a step: params, optimizer state and the reference policy."""
+        return self.params + self.optimizer + self.reference
+
+    @property
+    def total(self) -> int:
+        transient = self.inputs + self.gathered_block + self.activations + self.head_gradient
+        transient += self.row_states
+        return self.resident + transient + max(self.gradients, self.head_chunk)
+
+
+def _block_elements_per_token(c: ModelConfig) -> int:
+    """Elements one block keeps per token for a remat-free backward, attention scores aside: the
+    block input and its norm (2D), q and k before the q/k norm and after RoPE, v, the o_proj
+    input (Hh), the residual and its norm (2D), gate, up and their product (3F)."""
+    qk = (c.num_heads + c.num_kv_heads) * c.head_dim * (2 if c.qk_norm else 1)
+    return (
+        4 * c.hidden_dim
+        + qk
+        + c.num_kv_heads * c.head_dim
+        + c.num_heads * c.head_dim
+        + (3 * c.mlp_dim)
+    )
+
+
+def _float32_copies_per_token(c: ModelConfig) -> int:
+    """Bytes one block keeps per token for its float32 numerics whatever the param dtype: the
+    two RMSNorms' float32 inputs (2D), q and k in float32 for the q/k norm and for RoPE, and
+    silu's sigmoid (F, at the param dtype). Read off XLA: tiny_qwen's blockwise train step
+    grows by 124 KB per token, 78 KB of it in the terms above."""
+    qk = (c.num_heads + c.num_kv_heads) * c.head_dim * (2 if c.qk_norm else 1)
+    return (2 * c.hidden_dim + qk) * F32 + c.mlp_dim * BYTES[c.param_dtype]
+
+
+def _matmul_outputs_per_token(c: ModelConfig) -> int:
+    """Elements `save_matmuls` keeps per token and block: the block input, q/k/v, the attention
+    output, o_proj's output, gate and up, down's output."""
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    return 3 * c.hidden_dim + qkv + c.num_heads * c.head_dim + 2 * c.mlp_dim
+
+
+def _attention_bytes_per_token(c: ModelConfig, shape: TrainerShape) -> int:
+    """Attention state one block keeps per token beyond q, k, v and its output."""
+    if shape.attention is AttentionKind.dense:  # [H, L] float32 copies and the [L] bool mask
+        return DENSE_SCORE_COPIES * c.num_heads * shape.row_tokens * F32 + shape.row_tokens
+    # the kernel's own copy of its output (blocked) and the log-sum-exp per head
+    return c.num_heads * c.head_dim * BYTES[c.param_dtype] + c.num_heads * F32
+
+
+def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
+    """Bytes per token the backward pass keeps from every block, by remat policy."""
+    a = BYTES[c.param_dtype]
+    match shape.remat:
+        case RematPolicy.none:
+            per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
+            per_block += _float32_copies_per_token(c)
+        case RematPolicy.block:
+            per_block = c.hidden_dim * a
+        case RematPolicy.save_matmuls:  # XLA keeps the float32 copies too (measured)
+            per_block = _matmul_outputs_per_token(c) * a + _float32_copies_per_token(c)
+        case RematPolicy.offload:
+            return 0  # save_matmuls' outputs, in host memory; brought back block by block
+    return c.num_layers * per_block + 2 * c.hidden_dim * a  # + the final norm's input, output
+
+
+def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
+    """Bytes per token of the one block that is recomputed and differentiated at a time."""
+    if shape.remat is RematPolicy.none:
+        return 0  # already counted in what every block keeps
+    a = BYTES[c.param_dtype]
+    recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
+    recomputed += _float32_copies_per_token(c)
+    if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
+        recomputed += _matmul_outputs_per_token(c) * a
+    return recomputed
+
+
+def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
+    """Blockwise attention's backward holds [m, H, block, block] float32 tiles of one block pair
+    (scores, probabilities, their gradients, the mask) and a float32 dq of the micro-batch."""
+    if shape.attention is AttentionKind.dense:
+        return 0
+    block = min(shape.attention_block, shape.row_tokens)
+    tiles = BLOCKWISE_TILE_COPIES * shape.micro_batch_rows * c.num_heads * block * block * F32
+    dq = shape.micro_batch_rows * shape.row_tokens * c.num_heads * c.head_dim * F32
+    return tiles + dq
+
+
+def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:
+    """Bytes per device of one FSDP trainer device holding `shape`; `n` parameters."""
+    a, dt = BYTES[c.param_dtype], shape.devices
+    shard = math.ceil(n / dt) * a
+    tokens = shape.micro_batch_rows * shape.row_tokens
+    slots = shape.loss_slots  # the head runs once over every loss slot
+    chunk = min(shape.logit_chunk, max(slots, 1))
+    micro = shape.micro_batches > 1
+    offloaded = 0
+    if shape.remat is RematPolicy.offload:
+        offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
+    return TrainerMemory(
+        params=shard,
+        gradients=3 * math.ceil(n / dt) * F32 + shard if micro else shard,
+        row_states=2 * shape.rows * shape.row_tokens * c.hidden_dim * a if micro else 0,
+        optimizer=2 * shard,
+        reference=shard if shape.kl_reference else 0,
+        inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
+        gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
+        activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
+        + _attention_tiles(c, shape),
+        head_gradient=c.vocab_size * c.hidden_dim * F32,
+        head_chunk=2 * slots * c.hidden_dim * a + chunk * c.vocab_size * F32,
+        offloaded=offloaded,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineShape:
+    """What one device of a rollout engine holds in one wave."""
+
+    tensor_parallel: int  # t
+    sequences_per_replica: int  # s, in one wave
+    prompt_tokens: int  # P', the padded prompt
+    new_tokens: int
+    prefill_chunk: int  # c
+    dtype: DType  # the sampler's weights and KV cache
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineMemory:
+    """Bytes per rollout device, by term."""
+
+    weights: int
+    kv_cache: int  # one wave
+    prefill: int  # one prefill chunk's attention temporaries
+    decode: int  # one decode iteration's logits
+    outputs: int  # tokens and log-probs of the wave
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + max(self.prefill, self.decode) + self.outputs
+
+
+def _engine_weight_elements(c: ModelConfig, t: int) -> int:
+    """Elements per device of a TP-t replica (locoexp/rollout/sharding.py): q, o and the MLP
+    split over t; k and v split too while t <= K, replicated above; embeddings and norms
+    replicated."""
+    q_o = 2 * c.hidden_dim * c.num_heads * c.head_dim // t
+    k_v = 2 * c.hidden_dim * c.num_kv_heads * c.head_dim // (t if t <= c.num_kv_heads else 1)
+    mlp = 3 * c.hidden_dim * c.mlp_dim // t
+    norms = 2 * c.hidden_dim + (2 * c.head_dim if c.qk_norm else 0)
+    per_layer = q_o + k_v + mlp + norms
+    return c.num_layers * per_layer + count_embedding_parameters(c) + c.hidden_dim
+
+
+def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
+    """Bytes per device of one TP shard of an engine replica in one wave."""
+    t, a, s = shape.tensor_parallel, BYTES[shape.dtype], shape.sequences_per_replica
+    slots = shape.prompt_tokens + shape.new_tokens
+    weights = _engine_weight_elements(c, t) * a
+    kv_heads = math.ceil(c.num_kv_heads / t)
+    kv_cache = s * (shape.prompt_tokens + shape.new_tokens) * c.num_layers * 2 * kv_heads
+    kv_cache *= c.head_dim * a
+    chunk = min(shape.prefill_chunk, shape.prompt_tokens)
+    heads = math.ceil(c.num_heads / t)
+    return EngineMemory(
+        weights=weights,
+        kv_cache=kv_cache,
+        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32 + kv_cache,
+        decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
+        outputs=s * shape.new_tokens * 2 * 4,
+    )

@@ -1,0 +1,233 @@
+"""Resolve the sizes left to the plan, refuse what does not fit, and write the dry-run report.
+
+`resolve_plan` turns `trainer.micro_batch_rows=0` into the most rows per micro-batch that fit
+and `rollout.capacity=0` into the most sequences per engine that fit, balanced over the waves
+that capacity implies (Appendix E: two waves at 8 chips; Table H1: m x DP sequences per wave).
+`check_fit` refuses a TP degree that does not divide the heads or the devices, and a role that
+does not fit, in one sentence that names settings which do fit. It never allocates.
+"""
+
+import dataclasses
+
+from locoexp.errors import ConfigError, require
+from locoexp.model.config import DType, ModelConfig
+from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.planner.estimate import GIB
+from locoexp.planner.plan import Plan, Setup, build_plan, capacity_bytes, fits, shared_memory
+from locoexp.trainer.config import AttentionKind, RematPolicy
+
+
+def valid_tensor_parallel(model: ModelConfig, engine_devices: int) -> list[int]:
+    """TP degrees that split the query heads evenly, tile an engine's devices and divide (or
+    are a multiple of) the KV heads (locoexp/rollout/sharding.py)."""
+    kv = model.num_kv_heads
+    return [
+        t
+        for t in range(1, engine_devices + 1)
+        if model.num_heads % t == 0
+        and engine_devices % t == 0
+        and (kv % t == 0 if t <= kv else t % kv == 0)
+    ]
+
+
+def check_tensor_parallel(setup: Setup) -> None:
+    """Refuse a rollout TP degree that does not divide the heads or the engine's devices."""
+    t, heads, devices = setup.rollout.tensor_parallel, setup.model.num_heads, setup.engine_devices
+    valid = ", ".join(map(str, valid_tensor_parallel(setup.model, devices)))
+    require(
+        heads % t == 0,
+        f"rollout.tensor_parallel={t} does not divide model.num_heads={heads} "
+        f"({setup.model.name}): valid TP degrees for {devices} devices per engine are {valid}.",
+    )
+    require(
+        devices % t == 0,
+        f"rollout.tensor_parallel={t} does not divide the {devices} devices of a rollout "
+        f"engine (hardware.chips_per_host x hardware.devices_per_chip per host): valid TP "
+        f"degrees are {valid}.",
+    )
+    kv = setup.model.num_kv_heads
+    require(
+        kv % t == 0 if t <= kv else t % kv == 0,
+        f"rollout.tensor_parallel={t} must divide model.num_kv_heads={kv} or be a multiple of "
+        f"it (each device keeps whole KV heads): valid TP degrees are {valid}.",
+    )
+
+
+def _largest(low: int, high: int, ok) -> int | None:
+    """The largest v in [low, high] with ok(v), for ok monotone (true, then false)."""
+    if not ok(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid - 1)
+    return low
+
+
+def resolve_plan(setup: Setup) -> Plan:
+    """The plan with micro_batch_rows and capacity resolved to the largest values that fit
+    (or as given). With shared CPU memory the trainer is sized first, at one sequence per
+    replica, then the engine takes what is left."""
+    hw, requests = setup.hardware, setup.requests_per_engine
+    most = -(-requests // setup.replicas)
+    fixed = setup.rollout.capacity
+    if fixed:
+        per_replica = -(-min(fixed, requests) // setup.replicas)
+    rows = build_plan(setup, micro=1, per_replica=1).trainer_shape.rows
+    micro = setup.trainer.micro_batch_rows
+    if not micro:
+        start = per_replica if fixed else 1
+        candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
+        fitting = (
+            m for m in candidates if fits(build_plan(setup, micro=m, per_replica=start), hw)[0]
+        )
+        micro = next(fitting, 1)
+    if not fixed:
+        ok = lambda s: fits(build_plan(setup, micro=micro, per_replica=s), hw)[1]  # noqa: E731
+        per_replica = _largest(1, most, ok) or 1
+        waves = -(-requests // (per_replica * setup.replicas))
+        per_wave = -(-requests // waves)
+        per_replica = -(-per_wave // setup.replicas)  # balance the waves
+    return build_plan(setup, micro=micro, per_replica=per_replica)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.1f}"
+
+
+def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
+    """Single settings that may make `role` fit, cheapest first."""
+    t, m, r = setup.trainer, setup.model, setup.rollout
+    out = []
+    if role == "trainer" and t.micro_batch_rows:
+        out.append(("trainer.micro_batch_rows=0", {"trainer": {"micro_batch_rows": 0}}))
+    if role == "engine" and r.capacity:
+        out.append(("rollout.capacity=0", {"rollout": {"capacity": 0}}))
+    if role == "trainer" and t.attention is AttentionKind.dense:
+        out.append(
+            ("trainer.attention=blockwise", {"trainer": {"attention": AttentionKind.blockwise}})
+        )
+    if role == "trainer":
+        for policy in (RematPolicy.block, RematPolicy.offload):
+            if t.remat is not policy and (
+                policy is not RematPolicy.offload or not shared_memory(setup.hardware)
+            ):
+                out.append((f"trainer.remat={policy.value}", {"trainer": {"remat": policy}}))
+    if m.param_dtype is DType.float32:
+        out.append(("model.param_dtype=bfloat16", {"model": {"param_dtype": DType.bfloat16}}))
+    if role == "engine":
+        valid = valid_tensor_parallel(m, setup.engine_devices)
+        for tp in (v for v in valid if v > r.tensor_parallel):
+            out.append((f"rollout.tensor_parallel={tp}", {"rollout": {"tensor_parallel": tp}}))
+        if (r.param_dtype or m.param_dtype) is DType.float32:
+            out.append(
+                ("rollout.param_dtype=bfloat16", {"rollout": {"param_dtype": DType.bfloat16}})
+            )
+    return [(label, _replace(setup, change)) for label, change in out]
+
+
+def _smaller_batches(setup: Setup) -> list[tuple[str, Setup]]:
+    """Halved prompts per step, kept whole per host (co) or per rollout host (da): on a shared
+    CPU machine more hosts never help, a smaller batch does."""
+    roles, d = setup.roles, setup.dataset
+    multiple = roles.rollout_hosts if roles.hosts_per_engine == 1 else 1
+    out, prompts = [], d.prompts_per_step
+    while prompts > multiple:
+        prompts = max(prompts // 2 // multiple * multiple, multiple)
+        change = {"dataset": {"prompts_per_step": prompts}}
+        out.append((f"dataset.prompts_per_step={prompts}", _replace(setup, change)))
+    return out
+
+
+def _resolved(label: str, setup: Setup) -> str:
+    if label == "trainer.micro_batch_rows=0":
+        rows = resolve_plan(setup).trainer_shape.micro_batch_rows
+        return f"trainer.micro_batch_rows={rows} (or 0, the most that fit)"
+    if label == "rollout.capacity=0":
+        return f"rollout.capacity={resolve_plan(setup).capacity} (or 0, the most that fit)"
+    return label
+
+
+def _replace(setup: Setup, change: dict) -> Setup:
+    parts = {k: dataclasses.replace(getattr(setup, k), **v) for k, v in change.items()}
+    return dataclasses.replace(setup, **parts)
+
+
+def _fits(setup: Setup) -> bool:
+    try:
+        check_tensor_parallel(setup)
+    except ConfigError:
+        return False
+    return all(fits(resolve_plan(setup), setup.hardware))
+
+
+def remedies(setup: Setup, role: str) -> list[str]:
+    """Settings (one, or two together) under which the whole plan fits; a size left to the
+    plan (0) is named with the value it resolves to."""
+    variants = _variants(setup, role)
+    single = [_resolved(label, v) for label, v in variants if _fits(v)]
+    if single:
+        return single[:3]
+    if shared_memory(setup.hardware):  # a smaller batch, alone or after one or two variants
+        pairs = [
+            (f"{first} {second}", w)
+            for i, (first, v) in enumerate(variants)
+            for second, w in _variants(v, role)[i:]
+            if second != first
+        ]
+        candidates = [("", setup), *((f"{label} ", v) for label, v in variants + pairs)]
+        for prefix, base in candidates:
+            batch = next((label for label, v in _smaller_batches(base) if _fits(v)), None)
+            if batch:
+                return [prefix + batch]
+        return []
+    for i, (first, v) in enumerate(variants):
+        for second, w in _variants(v, role)[i:]:
+            if second != first and _fits(w):
+                return [f"{first} {second}"]
+    return []
+
+
+def check_fit(setup: Setup) -> Plan:
+    """The resolved plan; refuses a TP degree or a role that does not fit, naming a fix."""
+    check_tensor_parallel(setup)
+    plan = resolve_plan(setup)
+    trainer_ok, engine_ok = fits(plan, setup.hardware)
+    if trainer_ok and engine_ok:
+        return plan
+    role = "trainer" if not trainer_ok else "engine"
+    fixes = remedies(setup, role)
+    advice = (
+        f"it fits with {' or '.join(fixes)}"
+        if fixes
+        else "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
+        "dataset.max_new_tokens"
+        + ("" if shared_memory(setup.hardware) else ", or use a larger hardware slice")
+    )
+    raise ConfigError(f"does not fit: {_shortfall(setup, plan, role)}; {advice}.")
+
+
+def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
+    hw, limit = setup.hardware, capacity_bytes(setup.hardware)
+    if shared_memory(hw):
+        return (
+            f"the {setup.roles.processes} local processes need {_gib(plan.machine_total)} GiB "
+            f"together of this machine's usable {_gib(limit)} (hardware=cpu hosts share its memory)"
+        )
+    if role == "trainer":
+        t = plan.trainer_shape
+        return (
+            f"the trainer needs {_gib(plan.trainer_peak)} GiB per device of "
+            f"{hw.memory_per_device_gib:.1f} (hardware.memory_per_device_gib) even at "
+            f"{t.micro_batch_rows} row{'s' if t.micro_batch_rows > 1 else ''} of {t.row_tokens} "
+            "tokens per micro-batch"
+        )
+    return (
+        f"the rollout engine needs {_gib(plan.engine_peak)} GiB per device of "
+        f"{hw.memory_per_device_gib:.1f} (hardware.memory_per_device_gib) even at "
+        f"{plan.engine_shape.sequences_per_replica} sequences per replica at "
+        f"rollout.tensor_parallel={setup.rollout.tensor_parallel}"
+    )
+
+
+def parameters_b(setup: Setup) -> float:
+    return count_parameters_by_formula(setup.model) / 1e9

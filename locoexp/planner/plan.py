@@ -1,0 +1,236 @@
+"""The memory plan of a run: roles on devices, resolved micro-batch and wave sizes, the fit.
+
+It owns the placement of the two roles on the hardware (`Roles`), the resolution of
+`trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values that fit, and the
+verdict. It reads sub-configs and scalars, never the root config, and never allocates.
+
+Where the fit is checked: on an accelerator each device has its own memory
+(`hardware.memory_per_device_gib`), so each role's per-device peak must fit it. Colocated roles
+(co, single_controller) share a device: the train step also holds the engine's weight replica,
+and generation also holds the trainer's params and AdamW state; activations and the KV cache
+are freed between phases. With `hardware=cpu` every host is a process on this one machine, so
+their sum must fit the machine's memory: a `da` trainer host and three light rollout hosts are
+not four equal shares (90% of it: the rest is left to the OS). Each local process also holds
+the JAX runtime, the tokenizer and its compiled programs (`PROCESS_OVERHEAD_GIB`; a bare
+process with jax and locoexp imported and one program compiled peaks at 0.31 GiB RSS).
+"""
+
+import dataclasses
+import math
+import os
+
+from locoexp.dataset.config import DatasetConfig
+from locoexp.errors import require
+from locoexp.hardware.config import HardwareConfig
+from locoexp.model.config import ModelConfig
+from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.planner import estimate
+from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
+from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.engine import padded_prompt_tokens
+from locoexp.trainer.config import TrainerConfig
+
+PROCESS_OVERHEAD_GIB = 0.5
+SHARED_MEMORY_USABLE = 0.9  # of a CPU machine's memory; the rest for the OS and page cache
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Roles:
+    """Which hosts train and which generate. The placements map onto it as:
+
+    co: Roles(trainer_hosts=H, rollout_hosts=H, colocated=True)
+    da: Roles(trainer_hosts=split*H, rollout_hosts=H - split*H, colocated=False)
+    single_controller: Roles(trainer_hosts=H, rollout_hosts=H, colocated=True, hosts_per_engine=H)
+    """
+
+    trainer_hosts: int
+    rollout_hosts: int
+    colocated: bool
+    hosts_per_engine: int = 1  # 1 = host-local engines (LoCoJAX); H = one lockstep engine
+    kl_reference: bool = False  # the trainer also keeps the initial policy (algo.kl_coef > 0)
+
+    def __post_init__(self):
+        require(
+            self.trainer_hosts >= 1 and self.rollout_hosts >= 1,
+            "the trainer and the rollout engines each need at least one host.",
+        )
+        require(
+            self.rollout_hosts % self.hosts_per_engine == 0,
+            f"{self.rollout_hosts} rollout hosts do not split into engines of "
+            f"{self.hosts_per_engine} hosts.",
+        )
+
+    @property
+    def processes(self) -> int:
+        """Local processes of a CPU run: one per host, one in all for the single controller,
+        plus the Ray driver under da."""
+        if self.hosts_per_engine > 1:
+            return 1
+        return self.trainer_hosts if self.colocated else self.trainer_hosts + self.rollout_hosts + 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The resolved shapes, both estimates and the verdict's inputs (bytes)."""
+
+    trainer_shape: TrainerShape
+    engine_shape: EngineShape
+    trainer: TrainerMemory
+    engine: EngineMemory
+    trainer_peak: int  # the training step, plus the engine's weights when colocated
+    engine_peak: int  # generation, plus the trainer's params and AdamW state when colocated
+    engines: int
+    replicas_per_engine: int
+    requests_per_engine: int
+    capacity: int  # sequences per engine per wave (rollout.capacity resolved)
+    waves: int
+    machine_total: int  # hardware=cpu: all local processes together; else 0
+
+    @property
+    def trainer_devices(self) -> int:
+        return self.trainer_shape.devices
+
+
+def machine_memory_gib() -> float:
+    """This machine's physical memory, from the OS."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << max(0, (value - 1).bit_length())
+
+
+def trainer_row_tokens(dataset: DatasetConfig, trainer: TrainerConfig) -> int:
+    """The packed row length L the trainer uses (what locoexp.main passes to packing)."""
+    caps = dataset.max_prompt_tokens + dataset.max_new_tokens
+    return trainer.row_tokens or -(-caps // 8) * 8
+
+
+def _trainer_shape(
+    dataset: DatasetConfig, trainer: TrainerConfig, *, devices: int, micro: int, kl: bool
+) -> TrainerShape:
+    """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
+    worst case), and packing rounds rows per device up to a power of two."""
+    sequences = dataset.prompts_per_step * dataset.samples_per_prompt
+    row_tokens = trainer_row_tokens(dataset, trainer)
+    per_row = max(row_tokens // (dataset.max_prompt_tokens + dataset.max_new_tokens), 1)
+    rows = _next_power_of_two(math.ceil(math.ceil(sequences / per_row) / devices))
+    return TrainerShape(
+        devices=devices,
+        rows=rows,
+        row_tokens=row_tokens,
+        micro_batch_rows=min(micro, rows),
+        loss_slots=math.ceil(sequences * dataset.max_new_tokens / devices),
+        logit_chunk=trainer.logit_chunk_tokens,
+        attention=trainer.attention,
+        attention_block=trainer.attention_block_tokens,
+        remat=trainer.remat,
+        kl_reference=kl,
+    )
+
+
+def _engine_shape(
+    model: ModelConfig, dataset: DatasetConfig, rollout: RolloutConfig, *, sequences: int
+) -> EngineShape:
+    return EngineShape(
+        tensor_parallel=rollout.tensor_parallel,
+        sequences_per_replica=sequences,
+        prompt_tokens=padded_prompt_tokens(dataset.max_prompt_tokens, rollout),
+        new_tokens=dataset.max_new_tokens,
+        prefill_chunk=rollout.prefill_chunk_tokens,
+        dtype=rollout.param_dtype or model.param_dtype,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setup:
+    """Everything a plan reads, so candidate sizes can be tried without repeating arguments."""
+
+    model: ModelConfig
+    hardware: HardwareConfig
+    rollout: RolloutConfig
+    dataset: DatasetConfig
+    trainer: TrainerConfig
+    roles: Roles
+
+    @property
+    def engine_devices(self) -> int:
+        return self.roles.hosts_per_engine * self.hardware.devices_per_host
+
+    @property
+    def engines(self) -> int:
+        return self.roles.rollout_hosts // self.roles.hosts_per_engine
+
+    @property
+    def replicas(self) -> int:
+        return max(self.engine_devices // self.rollout.tensor_parallel, 1)
+
+    @property
+    def requests_per_engine(self) -> int:
+        d = self.dataset
+        return math.ceil(d.prompts_per_step * d.samples_per_prompt / self.engines)
+
+
+def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
+    """The plan at `micro` rows per micro-batch and `per_replica` sequences per engine replica."""
+    m, r = setup.model, setup.roles
+    tshape = _trainer_shape(
+        setup.dataset,
+        setup.trainer,
+        devices=r.trainer_hosts * setup.hardware.devices_per_host,
+        micro=micro,
+        kl=r.kl_reference,
+    )
+    eshape = _engine_shape(m, setup.dataset, setup.rollout, sequences=per_replica)
+    trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
+    engine = estimate.estimate_engine(m, eshape)
+    trainer_peak = trainer.total + (engine.weights if r.colocated else 0)
+    engine_peak = engine.total + (trainer.resident if r.colocated else 0)
+    capacity = min(per_replica * setup.replicas, setup.requests_per_engine)
+    return Plan(
+        trainer_shape=tshape,
+        engine_shape=eshape,
+        trainer=trainer,
+        engine=engine,
+        trainer_peak=trainer_peak,
+        engine_peak=engine_peak,
+        engines=setup.engines,
+        replicas_per_engine=setup.replicas,
+        requests_per_engine=setup.requests_per_engine,
+        capacity=capacity,
+        waves=-(-setup.requests_per_engine // capacity),
+        machine_total=_machine_total(setup, trainer_peak, engine_peak),
+    )
+
+
+def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int) -> int:
+    """hardware=cpu: every local device's peak and every process's runtime, summed."""
+    if not shared_memory(setup.hardware):
+        return 0
+    r, per_host = setup.roles, setup.hardware.devices_per_host
+    overhead = int(r.processes * PROCESS_OVERHEAD_GIB * GIB)
+    if r.colocated:
+        return r.trainer_hosts * per_host * max(trainer_peak, engine_peak) + overhead
+    devices = (r.trainer_hosts * trainer_peak + r.rollout_hosts * engine_peak) * per_host
+    return devices + overhead
+
+
+def shared_memory(hardware: HardwareConfig) -> bool:
+    """hardware=cpu without a per-device size: every host shares this machine's memory."""
+    return hardware.memory_per_device_gib is None
+
+
+def capacity_bytes(hardware: HardwareConfig) -> int:
+    """Bytes a plan may use: per device, or all local processes together on a CPU machine."""
+    shared = machine_memory_gib() * SHARED_MEMORY_USABLE
+    gib = shared if shared_memory(hardware) else hardware.memory_per_device_gib
+    return int(gib * GIB)
+
+
+def fits(plan: Plan, hardware: HardwareConfig) -> tuple[bool, bool]:
+    """(trainer fits, engine fits) on `hardware`."""
+    limit = capacity_bytes(hardware)
+    if shared_memory(hardware):
+        ok = plan.machine_total <= limit
+        return ok, ok
+    return plan.trainer_peak <= limit, plan.engine_peak <= limit

@@ -1,0 +1,101 @@
+"""The dry-run report of a plan: hosts, devices per role, resolved sizes, memory per device.
+
+It formats; it never resolves or refuses (that is `locoexp.planner.fit`).
+"""
+
+from locoexp.errors import ConfigError
+from locoexp.planner.estimate import GIB
+from locoexp.planner.fit import check_fit, parameters_b, resolve_plan
+from locoexp.planner.plan import Plan, Setup, capacity_bytes, shared_memory
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.1f}"
+
+
+def _n(count: int, noun: str) -> str:
+    plural = "es" if noun.endswith(("s", "h")) else "s"
+    return f"{count} {noun}" + ("" if count == 1 else plural)
+
+
+def _trainer_line(setup: Setup, plan: Plan) -> str:
+    t, s, roles = plan.trainer, plan.trainer_shape, setup.roles
+    terms = [
+        f"params {_gib(t.params)}",
+        f"gradients {_gib(t.gradients)}",
+        f"AdamW {_gib(t.optimizer)}",
+        f"gathered block {_gib(t.gathered_block)}",
+        f"activations {_gib(t.activations)}",
+        f"row states {_gib(t.row_states)}",
+        f"head {_gib(t.head_gradient)} + max(gradients, chunk {_gib(t.head_chunk)})",
+    ]
+    terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
+    terms += [f"engine weights {_gib(plan.engine.weights)}"] if roles.colocated else []
+    offload = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
+    return (
+        f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} (FSDP), "
+        f"{s.rows} rows x {s.row_tokens} tokens per device in {_n(s.micro_batches, 'micro-batch')}"
+        f" of {s.micro_batch_rows} (trainer.micro_batch_rows), attention={s.attention.value}, "
+        f"remat={s.remat.value}; {_gib(plan.trainer_peak)} GiB per device = "
+        + " + ".join(terms)
+        + offload
+    )
+
+
+def _engine_line(setup: Setup, plan: Plan) -> str:
+    e, s, roles = plan.engine, plan.engine_shape, setup.roles
+    terms = [
+        f"weights {_gib(e.weights)}",
+        f"KV cache {_gib(e.kv_cache)}",
+        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})",
+    ]
+    terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
+    return (
+        f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(plan.engines, 'engine')} of "
+        f"{_n(setup.engine_devices, 'device')}, DP{plan.replicas_per_engine} x "
+        f"TP{s.tensor_parallel}, {s.dtype.value} sampler; {plan.requests_per_engine} requests per "
+        f"engine in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
+        f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
+        + " + ".join(terms)
+    )
+
+
+def _hardware_line(setup: Setup, hosts_note: str) -> str:
+    hw = setup.hardware
+    if shared_memory(hw):
+        memory = (
+            f"sharing 90% of this machine's memory, {_gib(capacity_bytes(hw))} GiB (from the OS)"
+        )
+    else:
+        memory = f"{hw.memory_per_device_gib:.1f} GiB per device"
+    note = f" ({hosts_note})" if hosts_note else ""
+    return (
+        f"hardware {hw.chip.value}: {_n(hw.hosts, 'host')}{note} x "
+        f"{_n(hw.devices_per_host, 'device')}, {memory}"
+    )
+
+
+def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
+    """The dry-run report; its last line is the verdict ("fits" or the refusal)."""
+    try:
+        check_fit(setup)
+        verdict = "fits"
+    except ConfigError as error:
+        verdict = str(error)
+    if setup.model.num_heads % setup.rollout.tensor_parallel:
+        return f"model {setup.model.name}: {verdict}"
+    plan = resolve_plan(setup)
+    lines = [
+        f"model {setup.model.name}: {parameters_b(setup):.3f}B parameters, "
+        f"{setup.model.param_dtype.value}",
+        _hardware_line(setup, hosts_note),
+        _trainer_line(setup, plan),
+        _engine_line(setup, plan),
+    ]
+    if shared_memory(setup.hardware):
+        lines.append(
+            f"this machine: {_gib(plan.machine_total)} GiB for all "
+            f"{_n(setup.roles.processes, 'local process')} together"
+        )
+    placement = "colocated" if setup.roles.colocated else "disaggregated"
+    return "\n".join([*lines, f"placement: {placement}; {verdict}"])

@@ -1,0 +1,103 @@
+"""`check_run(config)`: every refusal of a run that needs this machine, before anything is written.
+
+`run.py` calls it (through `locoexp.compose.preflight`) before Hydra creates the run directory,
+so bad input ends as one sentence on stderr (exit code 2, no traceback) and leaves no directory
+behind. The config's own invariants
+(types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
+the typed `Config` is built; this module adds what needs the machine, cheapest first:
+
+- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats);
+- the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
+  its platform settings;
+- the W&B logger: online needs local credentials and a server that answers within 2 s, unless
+  `logger.offline_fallback` (or an automatic online mode) lets it log offline with a notice;
+- the checkpoint: directory, config.json, every weight file a readable safetensors file (from
+  its header: never unpickled, no tensor read), tensor names and shapes;
+- the data: local files row by row (file and 1-based line), the columns the task reads, then the
+  rows as `datasets` loads them (the run reads them again from its cache); a Hub source on a
+  machine without network is refused in 2 s instead of retried for 30 s;
+- the tokenizer's vocabulary against `model.vocab_size`;
+- the prompt schedule (steps vs batches and passes) against the training rows, an upper bound
+  of the examples: a schedule that needs more examples than remain after long prompts are
+  dropped is still refused when the task is built, after the run directory exists.
+
+It may read files, fill the `datasets` cache and open one TCP connection per server. It must not
+create the run directory, build a model or initialise a JAX backend (a multi-host TPU process
+must call `jax.distributed.initialize` first).
+"""
+
+from locoexp.config import Config
+from locoexp.dataset.build import needed_columns
+from locoexp.dataset.config import DatasetConfig, DatasetKind
+from locoexp.dataset.files import check_data_files
+from locoexp.dataset.load import load_rows
+from locoexp.errors import require
+from locoexp.hardware.config import ChipKind
+from locoexp.main import build_schedule
+from locoexp.main import check_run as check_fit
+from locoexp.metrics.config import LoggerKind
+from locoexp.metrics.wandb_logger import checked_mode
+from locoexp.model.checkpoint import check_checkpoint
+from locoexp.rollout.config import EngineKind
+
+
+def check_run(config: Config) -> None:
+    """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine."""
+    check_fit(config)
+    if config.rollout.engine is EngineKind.vllm:
+        from locoexp.rollout import vllm_engine  # noqa: PLC0415
+
+        platform = "tpu" if config.hardware.chip is ChipKind.tpu_v7x else "cpu"
+        vllm_engine.require_vllm(platform)
+        vllm_engine.platform_kwargs(config.rollout, platform)
+    if config.logger.kind is LoggerKind.wandb:
+        checked_mode(config.logger)
+    check_checkpoint(config.model)
+    rows = config.dataset.synthetic.train_size
+    if config.dataset.kind is not DatasetKind.synthetic:
+        rows = check_data(config.dataset)
+        check_vocabulary(config)
+    # An upper bound of the training examples (long prompts are dropped later): what the rows
+    # cannot give is refused here, the rest when the task is built.
+    build_schedule(config, rows)
+
+
+def check_data(dataset: DatasetConfig) -> int:
+    """The training and held-out rows exist, parse and carry the columns the task reads;
+    returns the number of training rows."""
+    columns = needed_columns(dataset.kind)
+    for key in ("data_files", "eval_data_files"):
+        pattern = getattr(dataset, key)
+        if dataset.data_files is not None and pattern is not None:
+            check_data_files(pattern, key=key, columns=columns)
+    features = None
+    if dataset.kind is DatasetKind.swe_agent:
+        from locoexp.dataset.swe_task import FEATURES as features  # noqa: PLC0415, N811
+    train_rows = 0
+    for held_out in (False, True):
+        rows = load_rows(dataset, held_out=held_out, features=features)
+        if rows is None:
+            continue
+        train_rows = train_rows or len(rows)
+        missing = [c for c in columns if c not in rows.column_names]
+        files = dataset.eval_data_files if held_out else dataset.data_files
+        source = dataset.path if dataset.data_files is None else files
+        require(
+            not missing,
+            f"dataset={dataset.kind.value} reads the column(s) {', '.join(missing)}, which the "
+            f"rows of {source} lack (they have {', '.join(rows.column_names)}).",
+        )
+    return train_rows
+
+
+def check_vocabulary(config: Config) -> None:
+    """The model's vocabulary covers the tokenizer the task will encode with."""
+    from locoexp.tokenizer import build_tokenizer  # noqa: PLC0415
+
+    tokens = build_tokenizer(config.model.checkpoint).vocab_size
+    require(
+        tokens <= config.model.vocab_size,
+        f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's {tokens} "
+        f"tokens of dataset={config.dataset.kind.value}; pick a model whose vocabulary covers "
+        "it (e.g. model=tiny_qwen).",
+    )

@@ -1,0 +1,293 @@
+"""`python -m locoexp.analysis` fed the paper's own published numbers gets the paper's verdicts:
+Table 3 (Appendix A's rule), Table F1 (Welch and paired), Appendix C's worked terms (Eqs. 2-4),
+Table E3 (Appendix E.1's ratio model) and Table I2 (Appendix I)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from run_dirs import noisy, write_run
+
+from locoexp.analysis import accounting, compare, cost
+from locoexp.analysis.__main__ import main
+from locoexp.analysis.runs import find_runs
+
+
+def arm(tmp_path, name, median, *, launches=3, placement="co", levers=True, split=None, **kw):
+    runs = []
+    for launch in range(launches):
+        runs.append(
+            write_run(
+                tmp_path / f"{name}-{launch}",
+                noisy(median, seed=launch + 10 * sum(map(ord, name))),
+                placement=placement,
+                levers=levers,
+                split=split,
+                launch=launch,
+                **kw,
+            )
+        )
+    return runs
+
+
+def test_compare_reads_table3_gsm8k_64_chips_as_locojax_faster(tmp_path, capsys):
+    # Table 3: Pathways 6.75 s, LoCoJAX optimized 2.03 s (3.32x) at 64 chips, three launches each
+    arm(tmp_path / "sweep", "pathways", 6.75, placement="single_controller", levers=False, hosts=16)
+    arm(tmp_path / "sweep", "optimized", 2.03, hosts=16)
+    code = main(
+        [
+            "compare",
+            str(tmp_path / "sweep"),
+            "--baseline",
+            "placement.kind=single_controller",
+            "--ours",
+            "placement.kind=co",
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["rule"] == "stacks"
+    assert result["baseline"]["steady_steps"].startswith("23-38")  # Appendix A's second pass
+    assert result["pooled"]["per_step"]["value"] == pytest.approx(6.75 / 2.03, rel=0.02)
+    assert all(launch["per_token"]["low"] > 1.111 for launch in result["launches"])
+    assert result["verdict"].startswith("ours faster (every lower bound above 1.111")
+
+
+def test_compare_with_two_launches_per_arm_is_provisional(tmp_path):
+    base = arm(tmp_path, "pw", 10.82, launches=2, placement="single_controller", levers=False)
+    ours = arm(tmp_path, "base", 5.56, launches=2, levers=False)  # Table 3, GSM8K 8 chips
+    result = compare.compare_arms(find_runs(base), find_runs(ours))
+    assert result["verdict"].startswith("ours faster, provisional (2 launches")
+
+
+def test_compare_inside_the_margin_gives_no_verdict(tmp_path):
+    # a 5% gap sits inside the 1.111 margin that the head node alone can shift
+    base = arm(tmp_path, "pw", 10.5, placement="single_controller", levers=False)
+    ours = arm(tmp_path, "co", 10.0)
+    result = compare.compare_arms(find_runs(base), find_runs(ours))
+    assert result["verdict"].startswith("no verdict")
+
+
+def test_compare_refuses_unequal_work(tmp_path):
+    base = arm(tmp_path, "pw", 6.75, placement="single_controller", levers=False)
+    ours = arm(tmp_path, "co", 2.03, completion_tokens=120.0)  # outputs 0.6x as long
+    result = compare.compare_arms(find_runs(base), find_runs(ours))
+    assert result["verdict"].startswith("not comparable")
+    assert "completion_tokens_mean ratio 1.67" in result["verdict"]
+
+
+def test_compare_reads_table_f1_swe_32_chips_as_colocation_faster(tmp_path):
+    # Appendix F: colocated 31.1 s, the 4/4 split 40.4 s, ratio 1.299x, colocated faster
+    da = arm(tmp_path, "da", 40.4, placement="da", split=0.5, dataset="swe_agent", hosts=8)
+    co = arm(tmp_path, "co", 31.1, dataset="swe_agent", hosts=8)
+    result = compare.compare_arms(find_runs(da), find_runs(co))
+    assert result["rule"] == "within"
+    assert result["welch"]["value"] == pytest.approx(40.4 / 31.1, rel=0.01)
+    assert result["welch"]["low"] > 1 and result["paired"]["low"] > 1
+    assert result["verdict"] == "ours faster (Welch and paired agree)"
+
+
+def test_eq4_gsm8k_8_chips_favours_colocation():
+    # Appendix C trade-off 4: F = 2.9 s exceeds O = 1.1 s
+    verdict = accounting.eq4_verdict(o=1.1, a=0.0, f=2.9, dl=0.0, tau=0.0)
+    assert verdict["favours"] == "co"
+
+
+def test_eq4_gsm8k_128_chips_favours_disaggregation_by_about_ten_percent():
+    verdict = accounting.eq4_verdict(o=0.32, a=0.58, f=0.23, dl=0.49, tau=0.03)
+    assert verdict["favours"] == "da"
+    assert verdict["da_saves_s"] == pytest.approx(0.15)
+    lambda_co = 1.73  # Table F1, GSM8K 128 chips, LoCoJAX-CO
+    lambda_da = lambda_co - verdict["da_saves_s"]
+    assert lambda_co / lambda_da == pytest.approx(1.10, abs=0.01)  # "about 10% faster"
+    assert lambda_da == pytest.approx(1.56, abs=0.03)  # Table F1's 25% split: 1.56 s
+
+
+def test_eq4_periods_follow_eq1_longest_paths():
+    terms = accounting.Eq4Terms(
+        dr_h=1.0,
+        dt_h=0.2,
+        dpub_co=0.12,
+        dr_hr=1.23,
+        dt_ht=0.6,
+        dpub=0.1,
+        dl=0.49,
+        a=0.58,
+        tau=0.03,
+    )
+    assert terms.lambda_co == pytest.approx(1.32)  # serial chain
+    assert terms.lambda_da == pytest.approx(max(1.23 + 0.49, 0.6 + 0.1) - 0.58 + 0.03)
+    assert terms.fragmentation == pytest.approx(0.23)
+    assert terms.hidden_training == pytest.approx(0.32)
+
+
+def test_accounting_command_prints_the_paper_tradeoffs():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locoexp.analysis",
+            "accounting",
+            "--o",
+            "0.32",
+            "--a",
+            "0.58",
+            "--f",
+            "0.23",
+            "--dl",
+            "0.49",
+            "--tau",
+            "0.03",
+            "--eq2",
+            "1.2e9",
+            "3.32e12",
+            "0.21",
+            "0.68",
+            "--decode-premium",
+            "2.15",
+            "0.90",
+            "1800",
+            "--eq3",
+            "1.0",
+            "0.06",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "favours da (da saves +0.150 s per step)" in out
+    assert "bytes term 0.18 ms, saved 0.21 ms against 0.68 ms: TP1" in out  # trade-off 1, 0.6B
+    assert "premium 1.25 ms/iteration = 2.25 s per step" in out  # trade-off 3
+    assert "host-local admission saves 0.94 s" in out  # trade-off 2
+
+
+def test_tp2_wins_at_4b_by_eq2():
+    assert accounting.tp_doubling_saving_ms(weight_bytes=8.0e9, beta_eff=3.32e12) == pytest.approx(
+        1.20, abs=0.01
+    )
+    # measured saving 1.16 ms against a 0.77-0.85 ms penalty: TP2 (Section 4.1)
+    assert main(["accounting", "--eq2", "8.0e9", "3.32e12", "1.16", "0.85"]) == 0
+
+
+def test_ratio_model_reproduces_table_e3_gsm8k():
+    t_pw = [14.53, 9.64, 8.08, 7.65, 6.54, 6.55]
+    t_loco = [10.06, 5.54, 3.98, 2.88, 2.55, 2.54]
+    fit = accounting.fit_ratio_model(t_pw, t_loco)
+    assert [round(r, 2) for r in fit.loo_predictions] == [1.42, 1.77, 2.07, 2.44, 2.68, 2.69]
+    assert [round(d, 2) for d in fit.deltas] == [4.47, 4.10, 4.10, 4.77, 3.99, 4.01]
+    assert (round(fit.slope, 2), round(fit.slope_low, 2), round(fit.slope_high, 2)) == (
+        1.03,
+        0.89,
+        1.17,
+    )
+
+
+def test_ratio_model_reproduces_table_e3_numinamath_with_32b_outside_the_fit():
+    fit = accounting.fit_ratio_model(
+        [51.12, 70.34, 89.43, 99.20, 154.08],
+        [26.71, 46.53, 68.95, 78.54, 149.67],
+        in_fit=[True, True, True, True, False],
+    )
+    assert [round(r, 2) for r in fit.loo_predictions] == [1.81, 1.47, 1.33, 1.29, 1.15]
+    assert (round(fit.slope, 2), round(fit.slope_low, 2), round(fit.slope_high, 2)) == (
+        0.92,
+        0.83,
+        1.00,
+    )
+
+
+def test_table_i2_statuses_against_the_bar():
+    assert cost.bar_status(1.245, 1.289) == "on the bar"  # 4 chips
+    for low, high in [(1.424, 1.629), (1.492, 1.754), (2.301, 2.640), (2.138, 2.477)]:
+        assert cost.bar_status(low, high) == "supported"
+    assert cost.bar_status(1.0, 1.2) == "not supported"
+
+
+def seeds(tmp_path, name, *, chips, scores, hours_at_275, seconds_per_update=10.0):
+    """Three seeds scored at Table I3's updates; chip-hours to update 275 sum to hours_at_275."""
+    runs = []
+    for seed, factor in enumerate((0.95, 1.0, 1.05)):
+        per_seed_s = hours_at_275 / 3 * factor * 3600 / chips
+        start = per_seed_s - 275 * seconds_per_update  # job start-up before the first update
+        step_s = [seconds_per_update] * 348
+        step_s[0] += start - 60.0  # write_run starts the clock at 60 s
+        runs.append(
+            write_run(
+                tmp_path / f"{name}-{seed}",
+                step_s,
+                hosts=chips // 4,
+                seed=seed,
+                passes=6,
+                evals=dict(zip((275, 300, 325, 348), scores, strict=True)),
+            )
+        )
+    total = sum(cost.build_cell(find_runs(runs), target=0.85).seed_chip_hours_at(275))
+    assert total == pytest.approx(hours_at_275)
+    return find_runs(runs)
+
+
+def test_cost_reproduces_table_i2_4_chips(tmp_path):
+    # Table I2: LoCoJAX base 23.326 chip-hours (275/300), Pathways 29.550 (275/300): 1.267
+    ours = cost.build_cell(
+        seeds(tmp_path, "base", chips=4, scores=(0.86, 0.87, 0.87, 0.88), hours_at_275=23.326),
+        target=0.85,
+    )
+    pw = cost.build_cell(
+        seeds(tmp_path, "pw", chips=4, scores=(0.86, 0.87, 0.86, 0.86), hours_at_275=29.550),
+        target=0.85,
+    )
+    row = cost.compare_cells(ours, pw)
+    assert row["ours"]["charged_pair"] == [275, 300] == row["against"]["charged_pair"]
+    assert row["ratio"]["value"] == pytest.approx(1.267, abs=0.001)
+    assert row["ratio"]["low"] <= 1.267 <= row["ratio"]["high"]
+    assert row["steady_updates"] == [25, 275]  # Table I2's steady segment
+
+
+def test_cost_charges_stacks_at_their_own_pairs_as_table_i2_16_chips(tmp_path):
+    # LoCoJAX base misses update 300 (charged 325/348, 48.013), Pathways 275/300 (77.591)
+    ours = cost.build_cell(
+        seeds(tmp_path, "base", chips=16, scores=(0.86, 0.849, 0.86, 0.87), hours_at_275=40.0),
+        target=0.85,
+    )
+    pw = cost.build_cell(
+        seeds(tmp_path, "pw", chips=16, scores=(0.86, 0.86, 0.87, 0.87), hours_at_275=77.591),
+        target=0.85,
+    )
+    row = cost.compare_cells(ours, pw)
+    assert row["ours"]["charged_pair"] == [325, 348]
+    assert row["against"]["charged_pair"] == [275, 300]
+    # same checkpoint: both charged at each update of the earlier stack's pair
+    assert row["same_checkpoint"][0] == pytest.approx(77.591 / 40.0, rel=1e-6)
+    assert len(row["same_checkpoint"]) == 2
+
+
+def test_cost_uses_the_runs_own_target(tmp_path):
+    runs = seeds(tmp_path, "base", chips=4, scores=(0.5, 0.6, 0.6, 0.7), hours_at_275=10.0)
+    cell = cost.build_cell(runs, target=None)
+    assert cell.target == 0.85 and not cell.charge().reached
+    assert cost.build_cell(runs, target=0.55).charge().charged_step + 1 == 300
+
+
+def test_eq4_periods_decide_when_training_is_the_longer_da_branch():
+    # measured on this CPU (experiments/LOG.md, co_vs_da_cpu, split 0.25): the shortcut says da,
+    # but the 1-host trainer branch is the longer one and da's period is the longer period
+    terms = accounting.Eq4Terms(
+        dr_h=0.307, dt_h=1.453, dpub_co=0.236, dr_hr=1.487, dt_ht=3.350, dpub=0.036, dl=0.249
+    )
+    shortcut = accounting.eq4_verdict(
+        o=terms.hidden_training, a=0.0, f=terms.fragmentation, dl=terms.dl, tau=0.0
+    )
+    periods = accounting.eq4_periods_verdict(terms)
+    assert shortcut["favours"] == "da"
+    assert (periods["longer_da_branch"], periods["favours"]) == ("training", "co")
+
+
+def test_the_analysis_package_never_imports_jax():
+    code = (
+        "import sys, locoexp.analysis.__main__, locoexp.analysis.cli, locoexp.analysis.figures; "
+        "assert 'jax' not in sys.modules, 'jax was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

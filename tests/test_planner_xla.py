@@ -1,0 +1,167 @@
+"""The memory plan against XLA's own buffer assignment of the compiled programs.
+
+For three shapes (float32 with a tiny vocabulary and dense attention; float32 with Qwen3's
+151,936-token vocabulary, where the fused head dominates, and blockwise attention; bfloat16 with
+grouped-query attention, blockwise attention, block remat and micro-batches of one row), the
+plan's estimate of the train step and of one generation wave (chunked prefill, then decode)
+must lie within +-25% of what
+`jax.jit(f).lower(...).compile().memory_analysis()` reports: arguments + outputs - aliased
+(donated) buffers + temporaries, i.e. the program's peak footprint on one CPU device.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from locoexp.algo.config import AlgoConfig
+from locoexp.model.config import DType, ModelConfig
+from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.model.transformer import build_model
+from locoexp.planner.estimate import EngineShape, TrainerShape, estimate_engine, estimate_trainer
+from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
+from locoexp.trainer.packing import PackedBatch
+from locoexp.trainer.trainer import Trainer
+
+TOLERANCE = 0.25
+# The trainer's settings per shape: dense attention in one shot (the reference), blockwise
+# attention without remat, and blockwise with block remat over micro-batches of one row.
+TRAINERS = {
+    "tiny-f32": TrainerConfig(attention=AttentionKind.dense),
+    "qwen-vocab-f32": TrainerConfig(attention=AttentionKind.blockwise, attention_block_tokens=128),
+    "gqa-bf16": TrainerConfig(
+        attention=AttentionKind.blockwise,
+        attention_block_tokens=256,
+        remat=RematPolicy.block,
+        micro_batch_rows=1,
+    ),
+}
+SHAPES = {  # model, trainer (rows, row tokens, loss slots), engine (rows, prompt, new tokens)
+    "tiny-f32": (ModelConfig(), (8, 256, 512), (16, 64, 64)),
+    "qwen-vocab-f32": (
+        ModelConfig(
+            vocab_size=151_936,
+            num_layers=2,
+            hidden_dim=128,
+            mlp_dim=384,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+        ),
+        (2, 256, 256),
+        (8, 64, 64),
+    ),
+    "gqa-bf16": (
+        ModelConfig(
+            vocab_size=4096,
+            num_layers=3,
+            hidden_dim=256,
+            mlp_dim=768,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=32,
+            param_dtype=DType.bfloat16,
+        ),
+        (4, 512, 1024),
+        (16, 128, 128),
+    ),
+}
+
+
+def footprint(compiled) -> int:
+    m = compiled.memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
+
+
+def compiled_train_step(
+    model_config: ModelConfig, config: TrainerConfig, rows: int, row_tokens: int, slots: int
+):
+    trainer = Trainer(
+        build_model(model_config, seed=0),
+        AlgoConfig(),
+        config,
+        mesh=Mesh(np.array(jax.devices()[:1]), ("fsdp",)),
+        temperature=1.0,
+        max_new_tokens=slots,
+    )
+    ints = np.ones((rows, row_tokens), np.int32)
+    zeros = np.zeros(slots, np.float32)
+    batch = PackedBatch(
+        tokens=ints,
+        positions=ints,
+        segment_ids=ints,
+        loss_index=np.arange(slots, dtype=np.int32),
+        loss_targets=np.zeros(slots, np.int32),
+        loss_mask=zeros + 1,
+        advantages=zeros,
+        behaviour_logprobs=zeros,
+        num_sequences=rows,
+    )
+    return trainer.lower_step(batch).compile()
+
+
+def compiled_wave(model_config: ModelConfig, rows: int, prompt: int, new: int, chunk: int):
+    """The peak of one wave: the larger of the prefill and the decode program's footprints."""
+    engine = JaxEngine(
+        build_model(model_config, seed=0),
+        RolloutConfig(prefill_chunk_tokens=chunk),
+        eos_id=0,
+        pad_id=0,
+        devices=jax.devices()[:1],
+    )
+    signature = (rows, prompt, new, SamplingParams(temperature=1.0))
+    tokens = jnp.zeros((rows, prompt), jnp.int32)
+    lengths = jnp.full((rows,), prompt, jnp.int32)
+    prefill = engine._jit("prefill", signature)
+    args = (engine.params, tokens, lengths, jax.random.key(0))
+    state = jax.eval_shape(prefill, *args)
+    decode = engine._jit("decode", signature).lower(engine.params, state, lengths).compile()
+    return max(footprint(prefill.lower(*args).compile()), footprint(decode))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_train_step_estimate_is_within_25_percent_of_xla(name):
+    model, (rows, row_tokens, slots), _ = SHAPES[name]
+    config = TRAINERS[name]
+    shape = TrainerShape(
+        devices=1,
+        rows=rows,
+        row_tokens=row_tokens,
+        micro_batch_rows=config.micro_batch_rows or rows,
+        loss_slots=slots,
+        logit_chunk=config.logit_chunk_tokens,
+        attention=config.attention,
+        attention_block=config.attention_block_tokens,
+        remat=config.remat,
+        kl_reference=False,
+    )
+    planned = estimate_trainer(model, count_parameters_by_formula(model), shape).total
+    measured = footprint(compiled_train_step(model, config, rows, row_tokens, slots))
+    print(f"train step {name}: plan {planned} B, XLA {measured} B, ratio {planned / measured:.3f}")
+    assert abs(planned / measured - 1) <= TOLERANCE, (planned, measured)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_generation_wave_estimate_is_within_25_percent_of_xla(name):
+    model, _, (rows, prompt, new) = SHAPES[name]
+    chunk = prompt // 2  # chunked prefill: two chunks per prompt
+    shape = EngineShape(
+        tensor_parallel=1,
+        sequences_per_replica=rows,
+        prompt_tokens=prompt,
+        new_tokens=new,
+        prefill_chunk=chunk,
+        dtype=model.param_dtype,
+    )
+    planned = estimate_engine(model, shape).total
+    measured = compiled_wave(model, rows, prompt, new, chunk)
+    print(f"generate {name}: plan {planned} B, XLA {measured} B, ratio {planned / measured:.3f}")
+    assert abs(planned / measured - 1) <= TOLERANCE, (planned, measured)
