@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -35,7 +36,7 @@ from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.run_output import RunFiles
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
-from locoexp.model.config import ModelConfig
+from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
@@ -200,6 +201,7 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         model=config.model,
         algo=config.algo,
         trainer=config.trainer,
+        sampler_dtype=config.rollout.param_dtype or config.model.param_dtype,
         settings=settings,
     )
     with files.open(config.logger, steps=config.steps, leader=True) as output:
@@ -310,17 +312,25 @@ def build_actor_rollout_half(
 
 
 def build_actor_trainer_half(
-    *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig, group: HostGroup, **half
+    *,
+    model: ModelConfig,
+    algo: AlgoConfig,
+    trainer: TrainerConfig,
+    sampler_dtype: DType,
+    group: HostGroup,
+    **half,
 ) -> TrainerHalf:
     """Called in a `da` trainer actor once it joined the trainer group: its share of every
-    batch, publishing through the object store."""
+    batch, publishing through the object store in the rollout engines' dtype."""
     one_call = half["settings"].opt.publish_in_one_call
     return build_trainer_half(
         load_model(model, seed=half["settings"].seed),
         algo,
         trainer,
         group=group,
-        publish=functools.partial(publish_to_object_store, one_call=one_call),
+        publish=functools.partial(
+            publish_to_object_store, one_call=one_call, dtype=jnp.dtype(sampler_dtype.value)
+        ),
         share=(group.index, group.count),
         **half,
     )

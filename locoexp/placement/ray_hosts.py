@@ -113,10 +113,13 @@ class TrainerHost(_Actor):
         return dataclasses.replace(result, report=side_report(result.report, self.timer, "trainer"))
 
 
-def publish_to_object_store(trainer: Trainer, *, one_call: bool) -> Published | None:
-    """All-gather the new weights on every trainer host (O4: in one program, else per layer);
-    the leader puts one host copy into the object store, versioned by updates applied."""
-    local = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=one_call)
+def publish_to_object_store(trainer: Trainer, *, one_call: bool, dtype=None) -> Published | None:
+    """All-gather the new weights on every trainer host (O4: in one program, else per layer),
+    cast to the engines' `dtype` (a bf16 sampler gets half the bytes, Table I3); the leader puts
+    one host copy into the object store, versioned by updates applied."""
+    local = gather_for_engine(
+        trainer.params, trainer.mesh, jax.local_devices(), one_call=one_call, dtype=dtype
+    )
     if jax.process_index() != 0:
         jax.block_until_ready(local)
         return None
