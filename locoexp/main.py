@@ -30,11 +30,13 @@ from locoexp.checkpoint.session import RunSurvival
 from locoexp.checkpoint.state import config_digest, latest_saved_step
 from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped, StopSignals, stop_agreed
 from locoexp.config import Config
+from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.cost import resumed_elapsed_s
 from locoexp.metrics.run_output import RunFiles, RunOutput
 from locoexp.metrics.timing import StepTimer
@@ -177,6 +179,10 @@ def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
             transport = build_in_process(
                 config, task, build_schedule(config, len(task.train)), hosts, timer
             )
+            run_dir = Path(files.run_dir)
+            transport.rollout.admission_log = AdmissionLog(
+                run_dir / "admission" / f"host{hosts.index}.jsonl"
+            )
             published = Published(0)
             if survival.restored is not None:
                 state = survival.restore(transport.state())
@@ -211,6 +217,9 @@ def drive_surviving(config, files, hooks, timer, start_time, published) -> dict[
             extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
+            profiler=StepProfiler(
+                Path(files.run_dir), frozenset(config.profile_steps), index=hosts.index
+            ),
         )
 
 

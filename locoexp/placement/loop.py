@@ -35,14 +35,16 @@ the hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved 
 import dataclasses
 import gc
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from locoexp.checkpoint.stop import RunStopped
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput, summarize_steps
-from locoexp.metrics.timing import StepTimer
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.trainer.divergence import require_finite_step
@@ -140,11 +142,13 @@ def drive(
     extra_summary: dict | None = None,
     earlier_eval_s: float = 0.0,
     published: Published = NOTHING_PUBLISHED,
+    profiler: StepProfiler | None = None,
 ) -> dict[str, Any]:
     """Run the loop; the leader's `output` gets every record and `summary.json` (with
     cost-to-learn); returns the summary (on every host). The caller closes `output`.
     `earlier_eval_s`: evaluation seconds of a resumed run's earlier attempts (for `wall_s`);
-    `published`: the weights the first batch samples with (a resumed run's restored ones)."""
+    `published`: the weights the first batch samples with (a resumed run's restored ones);
+    `profiler`: the steps this process traces (`profile_steps`)."""
     loop = StepLoop(
         transport,
         plan,
@@ -155,6 +159,7 @@ def drive(
         hooks=hooks,
         published=published,
     )
+    loop.profiler = profiler or loop.profiler
     summary = {**summarize(loop.run(), staleness=plan.staleness), **(extra_summary or {})}
     if output is None:
         return summary
@@ -190,6 +195,7 @@ class StepLoop:
         self.published = published
         self.pending = None  # the next batch's rollout, once started
         self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
+        self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
 
     def run(self) -> list[dict]:
         try:
@@ -212,27 +218,35 @@ class StepLoop:
 
     def _step(self, step: int) -> None:
         t, timer, last = self.transport, self.timer, step + 1 == self.plan.steps
-        with timer.step():
-            if not self.plan.staleness:
-                self.pending = t.start_rollout(step, self.published)
-            reports, batches = t.collect_rollout(self.pending, timer)
-            carried = self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
-            training = t.start_train(step, batches, carried=carried)
-            self.pending = None
-            if self.plan.staleness and not last:
-                self.pending = t.start_rollout(step + 1, self.published)
-            results = t.collect_train(training, timer)
-            with timer.phase("log"):
-                self._emit(results[0].exchanged, next_reports=reports)
-            # after step t-1's record is out; every host sees the same (global) loss
-            saved = self.hooks.last_checkpoint() if self.hooks else None
-            require_finite_step(results[0].report.metrics, step=step, last_checkpoint=saved)
+        with self.profiler.capture(step):
+            with timer.step():
+                if not self.plan.staleness:
+                    self.pending = t.start_rollout(step, self.published)
+                reports, batches = t.collect_rollout(self.pending, timer)
+                carried = (
+                    self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
+                )
+                training = t.start_train(step, batches, carried=carried)
+                self.pending = None
+                if self.plan.staleness and not last:
+                    self.pending = t.start_rollout(step + 1, self.published)
+                results = t.collect_train(training, timer)
+                with timer.phase("log"):
+                    self._emit(results[0].exchanged, next_reports=reports)
+                # after step t-1's record is out; every host sees the same (global) loss
+                saved = self.hooks.last_checkpoint() if self.hooks else None
+                require_finite_step(results[0].report.metrics, step=step, last_checkpoint=saved)
+            step_end = time.perf_counter()
+        breakdown = self.profiler.metrics(step)
+        if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation
+            self.clock.eval_total_s += time.perf_counter() - step_end
         self.published = results[0].published
         record = {
             "step": step,
             **combine_host_metrics([r.metrics for r in reports]),
             **combine_host_metrics([r.report.metrics for r in results]),
             **timer.metrics(),
+            **breakdown,
             "time/elapsed_s": self.clock.elapsed_s(),
         }
         self.previous = (record, results)
@@ -246,7 +260,10 @@ class StepLoop:
         self.previous = None
         record = combine_host_metrics(exchanged or self.transport.exchange(record))
         record["step"] = int(record["step"])
-        record["timing/host_orchestration_share"] = host_share(record)
+        record["timing/host_orchestration_s"] = host_orchestration_s(record)
+        record["timing/host_orchestration_share"] = (
+            record["timing/host_orchestration_s"] / record["timing/step_s"]
+        )
         if self.plan.staleness:
             if next_reports is None and self.pending is not None:
                 next_reports, _ = self.transport.collect_rollout(self.pending, None)
@@ -291,13 +308,6 @@ def freeze_gc() -> None:
 def unfreeze_gc() -> None:
     gc.enable()
     gc.unfreeze()
-
-
-def host_share(record: dict) -> float:
-    """Share of the step outside compiled device programs (Section 3.2's host orchestration),
-    approximated by the phases that are pure host work plus the unaccounted remainder."""
-    host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
-    return (host + record.get("timing/unaccounted_s", 0.0)) / record["timing/step_s"]
 
 
 def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict:

@@ -32,7 +32,7 @@ from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from locoexp.metrics.timing import StepTimer
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
 from locoexp.placement.launch import free_port, host_port, initialize_distributed
 from locoexp.placement.loop import freeze_gc
@@ -56,6 +56,7 @@ class DaLayout:
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
     """A half's report with the actor's timings; its step time is `timing/<side>_s`."""
     times = timer.metrics()
+    times[f"timing/{side}_host_orchestration_s"] = host_orchestration_s(times)
     times[f"timing/{side}_s"] = times.pop("timing/step_s")
     del times["timing/unaccounted_s"]
     return HalfReport({**report.metrics, **times}, report.window)
