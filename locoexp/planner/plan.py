@@ -167,8 +167,9 @@ class Setup:
 
     @property
     def requests_per_engine(self) -> int:
+        """The busiest engine's: ceil(B / engines) whole groups (`phases.host_shares`)."""
         d = self.dataset
-        return math.ceil(d.prompts_per_step * d.samples_per_prompt / self.engines)
+        return math.ceil(d.prompts_per_step / self.engines) * d.samples_per_prompt
 
 
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
