@@ -132,7 +132,9 @@ class Config:
         - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
           group; refused on a TPU slice under co and single_controller, whose coordinator the
           cluster names.
-        - `placement.ray_address`: da only (None elsewhere)."""
+        - `placement.ray_address`: da only (None elsewhere).
+        - `rollout.release_weights_during_training`: co, single_controller (the engine shares
+          the trainer's devices); refused under da."""
         kind = self.placement.kind
         require(
             not (kind is PlacementKind.da and self.opt.metrics_off_barrier),
@@ -152,6 +154,11 @@ class Config:
         require(
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
+        require(
+            not (kind is PlacementKind.da and self.rollout.release_weights_during_training),
+            "rollout.release_weights_during_training=true does not apply to placement=da: its "
+            "engines never share devices with the trainer; set it to false.",
         )
 
 

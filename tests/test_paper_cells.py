@@ -15,7 +15,6 @@ from locoexp.errors import ConfigError
 from locoexp.main import plan_setup
 from locoexp.planner import check_fit
 from locoexp.planner.paper import (
-    KNOWN_SHORT,
     WORKAROUNDS,
     da_cells,
     grouped_by_split,
@@ -46,7 +45,7 @@ def compose_configs():
     return compose.compose_configs
 
 
-def test_every_cell_of_the_paper_fits_its_slice_but_the_known_short_ones(compose_configs):
+def test_every_cell_of_the_paper_fits_its_slice(compose_configs):
     cells = paper_cells(every_split=True)
     assert len(cells) == 24 + 3 * (1 + 3 + 7 + 15 + 31 + 63) + 18
     refused, by_config = {}, {}
@@ -55,7 +54,7 @@ def test_every_cell_of_the_paper_fits_its_slice_but_the_known_short_ones(compose
             check_fit(config)
         except Exception as error:  # noqa: BLE001  (collect every refusal, then report them all)
             refused[label] = str(error)
-    assert set(refused) == set(KNOWN_SHORT), "\n".join(f"{k}: {v}" for k, v in refused.items())
+    assert not refused, "\n".join(f"{k}: {v}" for k, v in refused.items())
     # The paper's 0.25 and 0.125 splits leave 3H/4 or 7H/8 rollout hosts for 128 or 256 prompts
     # (27 cells): each rollout host admits floor or ceil of P/R groups, so they plan as run.
     paper = {label for label, _ in da_cells(every_split=False)}
@@ -72,8 +71,20 @@ def test_every_cell_of_the_paper_fits_its_slice_but_the_known_short_ones(compose
 def test_workarounds_are_needed_where_they_are_named(compose_configs):
     # Without its named settings each such scale-study cell is refused, naming one that fits.
     cells = [(label, o) for label, o in scale_cells() if label in WORKAROUNDS]
-    cells = [(label, o) for label, o in cells if label not in KNOWN_SHORT]
-    assert len(cells) == 8
-    for _, setup in cell_configs(compose_configs, cells):
+    assert len(cells) == 10
+    remat_only = [(label, o) for label, o in cells if len(WORKAROUNDS[label]) == 1]
+    assert len(remat_only) == 8
+    for _, setup in cell_configs(compose_configs, remat_only):
         with pytest.raises(Exception, match="does not fit.*it fits with trainer.remat="):
+            check_fit(setup)
+    # 405B (Table H2) needs both of its settings: each one left out, the cell is refused.
+    dropped = [
+        (f"{label} without {setting}", [*o, *(w for w in WORKAROUNDS[label] if w != setting)])
+        for label, o in cells
+        if label not in dict(remat_only)
+        for setting in WORKAROUNDS[label]
+    ]
+    assert len(dropped) == 4
+    for _, setup in cell_configs(compose_configs, dropped):
+        with pytest.raises(Exception, match="does not fit"):
             check_fit(setup)

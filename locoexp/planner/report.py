@@ -30,7 +30,8 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         f"head {_gib(t.head_gradient)} + max(gradients, chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
-    terms += [f"engine weights {_gib(plan.engine.weights)}"] if roles.colocated else []
+    held = roles.colocated and not setup.rollout.release_weights_during_training
+    terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
     offload = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
     return (
         f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} (FSDP), "
