@@ -40,10 +40,12 @@ SCALE_MODELS = {  # model: the TPs the paper ran it at (Table H1; ~100B at TP16 
 }
 # Cell label -> the overrides it needs to fit (the paper's own workarounds, or beyond them).
 # From 14B up the trainer rematerialises each block (MaxText's default full remat, which the
-# paper's Pathways trainer ran). 405B also frees the engine's weight copy during the train step
-# (Table H2: at TP16 the paper needed q/k/v remat, a compiler flag and freeing the sampler's
-# weights and KV cache; at TP32 q/k/v remat only. locoexp's TP32 needs the freeing too: its
-# micro-batch accumulation keeps three float32 gradient copies, 20.7 GiB per device).
+# paper's Pathways trainer ran). 405B offloads its saved matmul outputs to host memory and frees
+# the engine's weight copy during the train step (Table H2: at TP16 the paper needed q/k/v
+# remat, a compiler flag and freeing the sampler's weights and KV cache; at TP32 q/k/v remat
+# only. locoexp's TP32 needs the freeing too: its micro-batch accumulation keeps three float32
+# gradient copies, 20.7 GiB per device; remat=block would fit both at 92.4 GiB of 94.7, too
+# close to trust, offload plans 71.5).
 # SWE-agent under da with a one-host trainer (8 devices) rematerialises too: the paper ran no
 # such cell (Appendix F: SWE at 8-16 chips did not fit its trainer).
 WORKAROUNDS: dict[str, list[str]] = {
@@ -54,7 +56,7 @@ WORKAROUNDS: dict[str, list[str]] = {
     },
     **{
         f"llama3_1_405b TP{tp}": [
-            "trainer.remat=block",
+            "trainer.remat=offload",
             "rollout.release_weights_during_training=true",
         ]
         for tp in SCALE_MODELS["llama3_1_405b"]
