@@ -16,11 +16,16 @@ from locoexp.metrics.run_records import read_metrics_jsonl
 pytestmark = pytest.mark.slow
 REFERENCE = json.loads((Path(__file__).parent / "fixtures/step_loop_reference.json").read_text())
 # what the one loop adds to the old records: every placement records its weight version and
-# staleness (0 under co), and the da driver times its log phase and host share like co's hosts
+# staleness (0 under co), and the da driver times its log phase and host share like co's hosts;
+# every placement counts its sequences (the weights of per-sequence means over uneven da shares)
 ADDED = {
-    "co_2hosts": {"rollout/weight_version", "train/staleness_steps"},
-    "single_controller_2hosts": {"rollout/weight_version", "train/staleness_steps"},
-    "da_2hosts": {"timing/log_s", "timing/host_orchestration_share"},
+    "co_2hosts": {"rollout/weight_version", "train/staleness_steps", "rollout/sequences"},
+    "single_controller_2hosts": {
+        "rollout/weight_version",
+        "train/staleness_steps",
+        "rollout/sequences",
+    },
+    "da_2hosts": {"timing/log_s", "timing/host_orchestration_share", "rollout/sequences"},
 }
 
 

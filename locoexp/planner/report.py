@@ -51,11 +51,13 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
         f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})",
     ]
     terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
+    # da's rollout hosts may hold floor or ceil of B/R groups: the plan is the busiest's
+    busiest = " (the busiest)" if setup.dataset.prompts_per_step % plan.engines else ""
     return (
         f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(plan.engines, 'engine')} of "
         f"{_n(setup.engine_devices, 'device')}, DP{plan.replicas_per_engine} x "
         f"TP{s.tensor_parallel}, {s.dtype.value} sampler; {plan.requests_per_engine} requests per "
-        f"engine in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
+        f"engine{busiest} in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
         f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
         + " + ".join(terms)
     )
