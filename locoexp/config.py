@@ -45,6 +45,11 @@ class Config:
     # Cost-to-learn (Appendix I.1): held-out accuracy that two consecutive evaluations must reach.
     eval_target: float = 0.9
     dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
+    # Steps (0-based) to capture with `jax.profiler` and split into compute / network / host
+    # orchestration (Table H1; `breakdown/*_share` in the records). Traces stay in
+    # `<run_dir>/profile/step<t>/` for TensorBoard and Perfetto; capture and parsing are kept off
+    # the step clock. Each host profiles its own process.
+    profile_steps: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         _require_finite(self, prefix="")
@@ -65,6 +70,15 @@ class Config:
         require(
             all(1 <= u <= self.steps for u in self.eval_at_updates),
             f"eval_at_updates={self.eval_at_updates} must lie in [1, steps={self.steps}].",
+        )
+        require(
+            all(0 <= t < self.steps for t in self.profile_steps),
+            f"profile_steps={self.profile_steps} must lie in [0, steps={self.steps}).",
+        )
+        require(
+            not self.profile_steps or self.placement.kind is not PlacementKind.da,
+            f"profile_steps={self.profile_steps} is not supported under placement=da yet; "
+            "profile placement=co or single_controller.",
         )
         check_attention_backend(self.trainer.attention, self.hardware.platform)
         check_remat_backend(self.trainer.remat, self.hardware.platform)

@@ -19,21 +19,24 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.config import Config
+from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.run_output import RunFiles
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
-from locoexp.model.config import ModelConfig
+from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
@@ -154,9 +157,19 @@ def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
     transport = build_in_process(
         config, task, build_schedule(config, len(task.train)), hosts, timer
     )
+    run_dir = Path(files.run_dir)
+    transport.rollout.admission_log = AdmissionLog(
+        run_dir / "admission" / f"host{hosts.index}.jsonl"
+    )
+    profiler = StepProfiler(run_dir, frozenset(config.profile_steps), index=hosts.index)
     with files.open(config.logger, steps=config.steps, leader=hosts.is_leader) as output:
         return drive(
-            transport, build_loop_plan(config), timer=timer, output=output, start_time=start_time
+            transport,
+            build_loop_plan(config),
+            timer=timer,
+            output=output,
+            start_time=start_time,
+            profiler=profiler,
         )
 
 
@@ -188,6 +201,7 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         model=config.model,
         algo=config.algo,
         trainer=config.trainer,
+        sampler_dtype=config.rollout.param_dtype or config.model.param_dtype,
         settings=settings,
     )
     with files.open(config.logger, steps=config.steps, leader=True) as output:
@@ -300,17 +314,25 @@ def build_actor_rollout_half(
 
 
 def build_actor_trainer_half(
-    *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig, group: HostGroup, **half
+    *,
+    model: ModelConfig,
+    algo: AlgoConfig,
+    trainer: TrainerConfig,
+    sampler_dtype: DType,
+    group: HostGroup,
+    **half,
 ) -> TrainerHalf:
     """Called in a `da` trainer actor once it joined the trainer group: its share of every
-    batch, publishing through the object store."""
+    batch, publishing through the object store in the rollout engines' dtype."""
     one_call = half["settings"].opt.publish_in_one_call
     return build_trainer_half(
         load_model(model, seed=half["settings"].seed),
         algo,
         trainer,
         group=group,
-        publish=functools.partial(publish_to_object_store, one_call=one_call),
+        publish=functools.partial(
+            publish_to_object_store, one_call=one_call, dtype=jnp.dtype(sampler_dtype.value)
+        ),
         share=(group.index, group.count),
         **half,
     )

@@ -1,58 +1,116 @@
-"""Admission's host shares: whole GRPO groups per host, floor or ceil of B/H where H does not
-divide B (da's 3H/4 and 7H/8 rollout hosts, Table F1), with and without O3 balancing, and the
-per-sequence metrics of uneven shares weighted by their sequences."""
+"""Admission as the paper defines it (Section 4.3): every request rendered, tokenized and
+submitted one at a time, on real GSM8K rows with the real Qwen3 tokenizer; pre-tokenised
+admission (`opt.pretokenize_prompts`) submits the load-time tokens instead."""
+
+import os
 
 import numpy as np
 import pytest
+from dataset_options import dataset_option, shared_data
 
-from locoexp.placement.multihost import combine_host_metrics
-from locoexp.placement.phases import host_shares, split_across_hosts
-
-
-@pytest.mark.parametrize("prompts, hosts", [(128, 3), (256, 7), (128, 6), (4, 3), (8, 4)])
-def test_host_shares_are_floor_or_ceil_and_add_up(prompts, hosts):
-    shares = host_shares(prompts, hosts)
-    assert sum(shares) == prompts and len(shares) == hosts
-    assert set(shares) <= {prompts // hosts, -(-prompts // hosts)}
-    assert shares == sorted(shares, reverse=True)  # the first B mod H hosts take one more
+from locoexp.dataset.admission import admit_requests
+from locoexp.dataset.build import build_task
+from locoexp.dataset.config import DatasetConfig
+from locoexp.rollout.requests import RequestQueue
 
 
-@pytest.mark.parametrize("balance", [False, True])
-def test_every_prompt_goes_to_exactly_one_host_in_its_share(balance):
-    rng = np.random.default_rng(0)
-    indices = rng.permutation(1000)[:128]
-    lengths = rng.integers(10, 500, size=128)
-    split = split_across_hosts(indices, lengths, 3, balance=balance)
-    assert [len(s) for s in split] == [43, 43, 42]
-    np.testing.assert_array_equal(np.sort(np.concatenate(split)), np.sort(indices))
-    if not balance:  # contiguous slices in schedule order
-        np.testing.assert_array_equal(np.concatenate(split), indices)
+@pytest.fixture(scope="module")
+def gsm8k():
+    folder = shared_data("gsm8k")
+    config = dataset_option(
+        "gsm8k", data_files=str(folder / "train.jsonl"), max_train_rows=64, eval_data_files=None
+    )
+    return build_task(config)
 
 
-def test_balancing_evens_prompt_length_across_uneven_shares():
-    rng = np.random.default_rng(1)
-    indices = np.arange(29)
-    lengths = rng.integers(1, 2000, size=29)
-    length_of = dict(zip(indices.tolist(), lengths.tolist(), strict=True))
+class CountingTask:
+    """Wraps a task and counts `encode_prompt` calls (the per-request tokenization)."""
 
-    def spread(split):
-        loads = [sum(length_of[i] for i in s.tolist()) for s in split]
-        return max(loads) - min(loads)
+    def __init__(self, task):
+        self.task, self.calls = task, 0
 
-    plain = split_across_hosts(indices, lengths, 7, balance=False)
-    balanced = split_across_hosts(indices, lengths, 7, balance=True)
-    assert [len(s) for s in balanced] == [5, 4, 4, 4, 4, 4, 4]
-    assert spread(balanced) < spread(plain)
+    def encode_prompt(self, example):
+        self.calls += 1
+        return self.task.encode_prompt(example)
 
 
-def test_per_sequence_means_of_uneven_hosts_are_weighted_by_their_sequences():
-    hosts = [
-        {"rollout/sequences": 32, "rollout/reward_mean": 1.0, "rollout/tokens_out": 10,
-         "rollout/waves": 1, "rollout/completion_tokens_max": 7},
-        {"rollout/sequences": 16, "rollout/reward_mean": 0.25, "rollout/tokens_out": 5,
-         "rollout/waves": 2, "rollout/completion_tokens_max": 9},
-    ]  # fmt: skip
-    record = combine_host_metrics(hosts)
-    assert record["rollout/reward_mean"] == pytest.approx((32 * 1.0 + 16 * 0.25) / 48)
-    assert record["rollout/sequences"] == 48 and record["rollout/tokens_out"] == 15
-    assert record["rollout/waves"] == 1.5 and record["rollout/completion_tokens_max"] == 9
+@pytest.mark.parametrize("pretokenized", [False, True])
+def test_every_request_is_submitted_in_group_order_with_the_load_time_tokens(gsm8k, pretokenized):
+    examples, queue = list(gsm8k.train[:8]), RequestQueue()
+    counting = CountingTask(gsm8k)
+    prompts, record = admit_requests(
+        counting, examples, group_size=4, queue=queue, pretokenized=pretokenized
+    )
+    requests = queue.drain()
+    assert all(p is r.prompt_tokens for p, r in zip(prompts, requests, strict=True))
+    assert len(queue) == 0 and record.requests == len(requests) == 32
+    assert [(r.example_id, r.sample) for r in requests] == [
+        (e.id, g) for e in examples for g in range(4)
+    ]
+    for request in requests:
+        expected = next(e for e in examples if e.id == request.example_id).prompt_tokens
+        np.testing.assert_array_equal(request.prompt_tokens, expected)
+    # The paper's admission tokenizes every request; pre-tokenised admission none.
+    assert counting.calls == (0 if pretokenized else 32)
+    assert record.pretokenized is pretokenized and record.metrics()["admission/pretokenized"] == (
+        1.0 if pretokenized else 0.0
+    )
+
+
+def test_admission_is_serial_in_the_calling_process(gsm8k):
+    queue = RequestQueue()
+    _, record = admit_requests(
+        gsm8k, list(gsm8k.train[:16]), group_size=8, queue=queue, pretokenized=False
+    )
+    stamps = [r.submitted_ns for r in queue.drain()]
+    assert record.pid == os.getpid()
+    assert stamps == sorted(stamps)  # one at a time, in order
+    assert (record.first_submitted_ns, record.last_submitted_ns) == (stamps[0], stamps[-1])
+    assert record.seconds > 0
+
+
+def test_rendered_request_is_the_chat_template_over_the_row(gsm8k):
+    example = gsm8k.train[0]
+    text = gsm8k.tokenizer.decode(gsm8k.encode_prompt(example))
+    assert example.messages[0]["content"].startswith("Natalia sold clips")
+    assert text.startswith("<|im_start|>user\nNatalia sold clips")
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_truncated_long_prompts_are_truncated_again_at_admission(gsm8k):
+    folder = shared_data("gsm8k")
+    config = dataset_option(
+        "gsm8k",
+        data_files=str(folder / "train.jsonl"),
+        max_train_rows=16,
+        eval_data_files=None,
+        max_prompt_tokens=40,
+        long_prompts="truncate",
+    )
+    task = build_task(config)
+    assert task.long_prompts > 0
+    for example in task.train:
+        np.testing.assert_array_equal(task.encode_prompt(example), example.prompt_tokens)
+
+
+def test_synthetic_requests_are_tokenized_from_text():
+    task = build_task(DatasetConfig())
+    queue = RequestQueue()
+    admit_requests(task, list(task.train[:5]), group_size=3, queue=queue, pretokenized=False)
+    for request in queue.drain():
+        expected = task.train[request.example_id].prompt_tokens
+        np.testing.assert_array_equal(request.prompt_tokens, expected)
+
+
+def test_admission_log_round_trip(tmp_path, gsm8k):
+    from locoexp.dataset.admission import AdmissionLog, read_admission_logs
+
+    log = AdmissionLog(tmp_path / "admission" / "host1.jsonl")
+    for step in range(2):
+        _, record = admit_requests(
+            gsm8k, list(gsm8k.train[:2]), group_size=2, queue=RequestQueue(), pretokenized=False
+        )
+        log.write(step, record)
+    logs = read_admission_logs(tmp_path)
+    assert list(logs) == ["host1"] and [r["step"] for r in logs["host1"]] == [0, 1]
+    assert logs["host1"][1]["requests"] == 4 and logs["host1"][1]["pid"] == os.getpid()

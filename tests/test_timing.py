@@ -65,3 +65,30 @@ def test_reduce_over_hosts_gives_max_and_mean():
 def test_reduce_over_hosts_refuses_hosts_with_different_keys():
     with pytest.raises(ValueError, match="host 1"):
         reduce_over_hosts([{"a": 1.0}, {"b": 1.0}])
+
+
+def test_elapsed_inside_a_step_grows_and_is_refused_outside():
+    timer = StepTimer()
+    with pytest.raises(RuntimeError):
+        timer.elapsed_s()
+    with timer.step():
+        with timer.phase("admission"):
+            time.sleep(0.01)
+        head = timer.elapsed_s()
+        with timer.phase("generation"):
+            time.sleep(0.01)
+    assert 0.01 <= head <= timer.metrics()["timing/step_s"] - 0.01
+
+
+def test_host_orchestration_is_the_host_phases_plus_the_unaccounted_rest():
+    from locoexp.metrics.timing import host_orchestration_s
+
+    times = {
+        "timing/admission_s": 0.5,
+        "timing/generation_s": 3.0,
+        "timing/reward_s": 0.25,
+        "timing/train_s": 4.0,
+        "timing/unaccounted_s": 0.125,
+        "timing/step_s": 7.875,
+    }
+    assert host_orchestration_s(times) == 0.875

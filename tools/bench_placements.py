@@ -34,13 +34,23 @@ LEVERS = {
 WARMUP_STEPS = 2
 
 
-def launch(overrides: list[str], steps: int) -> list[dict]:
-    """One launch of `python run.py <overrides> steps=<steps>`; its steady step records."""
+def launch(overrides: list[str], steps: int, *, profile: bool = False) -> list[dict]:
+    """One launch of `python run.py <overrides> steps=<steps>`; its steady step records. With
+    `profile`, one more step is run and profiled (its record carries `breakdown/*` and is left
+    out of the step-time statistics: tracing slows the step it watches)."""
+    extra = [f"steps={steps + 1}", f"profile_steps=[{steps}]"] if profile else [f"steps={steps}"]
     with tempfile.TemporaryDirectory() as folder:
-        config = compose_config([*overrides, f"steps={steps}"])
+        config = compose_config([*overrides, *extra])
         run(config, run_dir=folder, progress=False)
         records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
     return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
+
+
+def breakdown(records: list[dict]) -> dict[str, float]:
+    """Mean `breakdown/*` shares over the profiled steps of `records`."""
+    profiled = [r for r in records if "breakdown/host_share" in r]
+    keys = ("compute", "network", "host")
+    return {k: float(np.mean([r[f"breakdown/{k}_share"] for r in profiled])) for k in keys}
 
 
 def tokens(record: dict) -> float:
@@ -49,15 +59,30 @@ def tokens(record: dict) -> float:
 
 def compare_placements(hosts: int, launches: int, steps: int) -> dict:
     arms = {"co": [], "single_controller": []}
+    profiled = {arm: [] for arm in arms}
     for _ in range(launches):
         for arm in arms:
-            arms[arm] += launch([*WORKLOAD, f"placement={arm}", f"hardware.hosts={hosts}"], steps)
+            records = launch(
+                [*WORKLOAD, f"placement={arm}", f"hardware.hosts={hosts}"], steps, profile=True
+            )
+            arms[arm] += [r for r in records if "breakdown/host_share" not in r]
+            profiled[arm] += [r for r in records if "breakdown/host_share" in r]
     co, sc = arms["co"], arms["single_controller"]
     per_step = bootstrap_ratio([r["timing/step_s"] for r in sc], [r["timing/step_s"] for r in co])
     per_token = bootstrap_ratio(
         [r["timing/step_s"] / tokens(r) for r in sc], [r["timing/step_s"] / tokens(r) for r in co]
     )
-    phases = ("admission", "generation", "reward", "pack", "train", "publish", "log")
+    phases = (
+        "admission",
+        "head_interval",
+        "generation",
+        "reward",
+        "pack",
+        "train",
+        "publish",
+        "log",
+        "host_orchestration",
+    )
     return {
         "phases_s": {
             arm: {
@@ -65,6 +90,7 @@ def compare_placements(hosts: int, launches: int, steps: int) -> dict:
             }
             for arm, records in arms.items()
         },
+        "breakdown": {arm: breakdown(records) for arm, records in profiled.items()},
         "hosts": hosts,
         "co_step_s": float(np.median([r["timing/step_s"] for r in co])),
         "single_controller_step_s": float(np.median([r["timing/step_s"] for r in sc])),
@@ -73,11 +99,11 @@ def compare_placements(hosts: int, launches: int, steps: int) -> dict:
         "verdict": verdict(per_step, per_token, equal_work(sc, co)),
         "admission_single_controller_s": float(np.median([r["timing/admission_s"] for r in sc])),
         "admission_slowest_co_host_s": float(np.median([r["timing/admission_s"] for r in co])),
-        "decode_s_per_iteration_co": float(
-            np.median([r["rollout/decode_s_per_iteration"] for r in co])
+        "decode_ms_per_iteration_co": float(
+            np.median([r["rollout/decode_ms_per_iteration"] for r in co])
         ),
-        "decode_s_per_iteration_single_controller": float(
-            np.median([r["rollout/decode_s_per_iteration"] for r in sc])
+        "decode_ms_per_iteration_single_controller": float(
+            np.median([r["rollout/decode_ms_per_iteration"] for r in sc])
         ),
     }
 
@@ -105,6 +131,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--lever-hosts", type=int, default=2)
+    parser.add_argument("--no-levers", action="store_true", help="skip the O1-O4 ablation")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = {"placements": [], "levers": None}
@@ -123,13 +150,20 @@ def main() -> None:
             "  admission: single controller "
             f"{1e3 * result['admission_single_controller_s']:.2f} ms, "
             f"slowest co host {1e3 * result['admission_slowest_co_host_s']:.2f} ms; decode "
-            f"{1e3 * result['decode_s_per_iteration_single_controller']:.2f} vs "
-            f"{1e3 * result['decode_s_per_iteration_co']:.2f} ms/iteration (sc vs co)",
+            f"{result['decode_ms_per_iteration_single_controller']:.2f} vs "
+            f"{result['decode_ms_per_iteration_co']:.2f} ms per decode iteration (sc vs co)",
             flush=True,
         )
         for arm, phases in result["phases_s"].items():
             shown = ", ".join(f"{name} {seconds:.3f}" for name, seconds in phases.items())
             print(f"  {arm} phases (s, median; co: slowest host): {shown}", flush=True)
+        for arm, shares in result["breakdown"].items():
+            shown = ", ".join(f"{name} {share:.3f}" for name, share in shares.items())
+            print(f"  {arm} profiled-step breakdown (co: host mean): {shown}", flush=True)
+    if args.no_levers:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return
     results["levers"] = lever_effects(args.lever_hosts, args.launches, args.steps)
     for arm, row in results["levers"].items():
         ratio = row["off_over_on"]

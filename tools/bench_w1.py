@@ -210,6 +210,10 @@ class RandomPromptTask:
         self.eval = self.train[:8]
         self.long_prompts = 0
 
+    def encode_prompt(self, example: Example) -> np.ndarray:
+        """W1's prompts are ids with no text behind them: admission copies them per request."""
+        return example.prompt_tokens.copy()
+
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
         return np.array([np.mean(c % 2 == 0) if len(c) else 0.0 for c in completions], np.float32)
 
@@ -458,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "step_over_floor": step_s / floor_s,
             "cpu_s": statistics.median(r["cpu_s"] for r in steady),
             "step_decode_s_per_iteration": statistics.median(
-                r["rollout/decode_s_per_iteration"] for r in steady
+                1e-3 * r["rollout/decode_ms_per_iteration"] for r in steady
             ),
             "reward_mean": [r["rollout/reward_mean"] for r in records],
             "first_step_record": records[0],

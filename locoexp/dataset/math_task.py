@@ -36,7 +36,14 @@ def build_math_task(
     eval_, eval_long = _examples(config, tokenizer, held_out or [], problem_column, gold)
     scorer = RewardScorer(RewardKind.math, workers=config.reward_workers)
     return TextTask(
-        tokenizer, train=train, eval=eval_, long_prompts=train_long + eval_long, scorer=scorer
+        tokenizer,
+        train=train,
+        eval=eval_,
+        long_prompts=train_long + eval_long,
+        scorer=scorer,
+        thinking=config.thinking,
+        max_prompt_tokens=config.max_prompt_tokens,
+        long_prompt_policy=config.long_prompts,
     )
 
 
@@ -53,11 +60,12 @@ def _examples(
         if answer is None:
             continue
         content = config.prompt_template.replace("{problem}", str(row[problem_column]))
-        tokens = encode_chat_prompt(
-            tokenizer, [{"role": "user", "content": content}], thinking=config.thinking
-        )
+        messages = ({"role": "user", "content": content},)
+        tokens = encode_chat_prompt(tokenizer, messages, thinking=config.thinking)
         long_prompts += len(tokens) > config.max_prompt_tokens
         prompt = cap_prompt(tokens, config.max_prompt_tokens, config.long_prompts)
         if prompt is not None:
-            examples.append(Example(id=index, prompt_tokens=prompt, answer=answer))
+            examples.append(
+                Example(id=index, prompt_tokens=prompt, answer=answer, messages=messages)
+            )
     return examples, long_prompts

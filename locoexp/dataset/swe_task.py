@@ -63,7 +63,14 @@ def build_swe_task(config: DatasetConfig, tokenizer: ChatTokenizer) -> TextTask:
     )
     scorer = RewardScorer(RewardKind.swe_action, workers=config.reward_workers)
     return TextTask(
-        tokenizer, train=train, eval=eval_, long_prompts=train_long + eval_long, scorer=scorer
+        tokenizer,
+        train=train,
+        eval=eval_,
+        long_prompts=train_long + eval_long,
+        scorer=scorer,
+        thinking=config.thinking,
+        max_prompt_tokens=config.max_prompt_tokens,
+        long_prompt_policy=config.long_prompts,
     )
 
 
@@ -90,7 +97,12 @@ def _examples(config: DatasetConfig, tokenizer: ChatTokenizer, rows) -> tuple[li
             prompt = cap_prompt(prompts[k], config.max_prompt_tokens, config.long_prompts)
             if prompt is not None:
                 examples.append(
-                    Example(id=next_id, prompt_tokens=prompt, answer=messages[k]["content"])
+                    Example(
+                        id=next_id,
+                        prompt_tokens=prompt,
+                        answer=messages[k]["content"],
+                        messages=tuple(messages[:k]),
+                    )
                 )
             next_id += 1
     return examples, long_prompts

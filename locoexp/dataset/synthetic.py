@@ -71,6 +71,11 @@ class EchoDigitsTask:
         prompt = np.array([BOS, *(DIGIT0 + d for d in digits), SEP], np.int32)
         return Example(id=index, prompt_tokens=prompt, answer="".join(map(str, digits)))
 
+    def encode_prompt(self, example: Example) -> np.ndarray:
+        """`<bos>` + the digit string and `=` tokenized from text: the per-request admission
+        work of this task (it has no chat template)."""
+        return np.array([BOS, *self.tokenizer.encode(f"{example.answer}=")], np.int32)
+
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
         rewards = np.zeros(len(examples), np.float32)
         for n, (example, completion) in enumerate(zip(examples, completions, strict=True)):

@@ -1,12 +1,15 @@
 """What every workload provides to the step engine: tokenized prompts, gold answers, a reward.
 
 A `Task` is built once per host at start-up (`locoexp.dataset.build.build_task`). Prompts are
-rendered and tokenized then, so admission on the step path only indexes arrays. Rewards are
-verifiable: a completion is compared with the gold answer, and model output is never run as code.
+rendered and tokenized then, to apply the prompt cap and to know prompt lengths (O3). Admission
+on the step path renders and tokenizes every request again with `Task.encode_prompt`, as the
+paper's admitting process does (Section 4.3), unless `opt.pretokenize_prompts` reuses the load-time
+tokens (locoexp/dataset/admission.py). Rewards are verifiable: a completion is compared with the
+gold answer, and model output is never run as code.
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -29,6 +32,8 @@ class Example:
     id: int
     prompt_tokens: np.ndarray  # [P] int32, already rendered (chat template) and capped
     answer: str  # what the reward checks a completion against
+    # The conversation the prompt renders (chat turns); empty for tasks without text prompts.
+    messages: tuple[Mapping[str, str], ...] = ()
 
 
 class Task(Protocol):
@@ -37,6 +42,11 @@ class Task(Protocol):
     eval: Sequence[Example]
     # Prompts longer than the cap that were dropped or truncated at load time (for metrics).
     long_prompts: int
+
+    def encode_prompt(self, example: Example) -> np.ndarray:
+        """Engine input for one request of `example`, made from its text now (chat template,
+        tokenization, prompt cap): [P] int32, equal to `example.prompt_tokens`."""
+        ...
 
     def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
         """Rewards [N] float32 in [0, 1] for completions [N] (token ids, ending with EOS when one

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from locoexp.dataset.config import LongPrompts
+from locoexp.dataset.prompts import cap_prompt, encode_chat_prompt
 from locoexp.dataset.task import Example
 from locoexp.reward.scorer import RewardScorer
 from locoexp.tokenizer import ChatTokenizer
@@ -23,12 +25,24 @@ class TextTask:
         eval: Sequence[Example],
         long_prompts: int,
         scorer: RewardScorer,
+        thinking: bool,
+        max_prompt_tokens: int,
+        long_prompt_policy: LongPrompts,
     ):
         self.tokenizer = tokenizer
+        self.thinking = thinking
+        self.max_prompt_tokens = max_prompt_tokens
+        self.long_prompt_policy = long_prompt_policy
         self.train = train
         self.eval = eval
         self.long_prompts = long_prompts  # over the cap in train + eval, dropped or truncated
         self.scorer = scorer
+
+    def encode_prompt(self, example: Example) -> np.ndarray:
+        """Render the example's conversation with the chat template, tokenize it and cap it: the
+        per-request work of admission (Section 4.3). Examples kept at load are never dropped."""
+        tokens = encode_chat_prompt(self.tokenizer, example.messages, thinking=self.thinking)
+        return cap_prompt(tokens, self.max_prompt_tokens, self.long_prompt_policy)
 
     def response_text(self, completion: np.ndarray) -> str:
         ids = [int(i) for i in completion]

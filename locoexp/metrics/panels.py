@@ -62,8 +62,8 @@ SECTIONS = (
             Panel(
                 title="Decode time per iteration",
                 kind=PanelKind.line,
-                ys=("rollout/decode_s_per_iteration",),
-                y_label="seconds per decode iteration",
+                ys=("rollout/decode_ms_per_iteration",),
+                y_label="ms per decode iteration (prefill excluded)",
             ),
         ),
     ),

@@ -54,6 +54,13 @@ class StepTimer:
             self._phases_s[name] = self._phases_s.get(name, 0.0) + time.perf_counter() - start
             self._in_phase = None
 
+    def elapsed_s(self) -> float:
+        """Seconds since the open step started (Figure 5's head interval is this, read when
+        generation starts)."""
+        if self._step_start is None:
+            raise RuntimeError("StepTimer.elapsed_s() must run inside StepTimer.step().")
+        return time.perf_counter() - self._step_start
+
     def metrics(self) -> dict[str, float]:
         """The finished step's `timing/*` record (seconds)."""
         if self._step_s is None:
@@ -82,3 +89,15 @@ def reduce_over_hosts(per_host: Sequence[Mapping[str, float]]) -> dict[str, floa
         reduced[f"{key}_max"] = max(values)
         reduced[f"{key}_mean"] = sum(values) / len(values)
     return reduced
+
+
+# Phases that are host work only (no device program in flight): Section 3.2's host orchestration
+# as the phase clocks see it. A profiled step's trace gives the exact split (`breakdown/*`).
+HOST_PHASES = ("admission", "reward", "pack", "log")
+
+
+def host_orchestration_s(times: Mapping[str, float]) -> float:
+    """Seconds of host orchestration in one `timing/*` record: the host phases it has plus
+    the unaccounted remainder (dispatch and Python between phases)."""
+    host = sum(times.get(f"timing/{p}_s", 0.0) for p in HOST_PHASES)
+    return host + times.get("timing/unaccounted_s", 0.0)

@@ -24,3 +24,7 @@ class OptConfig:
     freeze_gc: bool = False  # O2: gc.freeze() after warm-up, no collections on the step path
     balance_prompts: bool = False  # O3: balance prompts across hosts by prompt length
     publish_in_one_call: bool = False  # O4: all weights to the local engine in one call
+    # Not a lever of Table B1: reuse the prompt tokens made when the task loaded, so admission
+    # only submits requests. False is the paper's admission (Section 4.3, App. C Eq. 3): every
+    # request is chat-rendered and tokenized one at a time by the process that admits it.
+    pretokenize_prompts: bool = False

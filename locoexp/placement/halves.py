@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.metrics.timing import StepTimer
@@ -26,6 +27,7 @@ from locoexp.placement import phases
 from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.phases import StepSettings
 from locoexp.rollout.engine import JaxEngine
+from locoexp.rollout.requests import RequestQueue
 from locoexp.trainer.packing import PackedBatch, count_rows, pack_sequences
 from locoexp.trainer.trainer import Trainer
 
@@ -92,6 +94,7 @@ class RolloutHalf:
     # dL: (engine, published) -> weights loaded; None where publication writes into `engine`
     load: Callable[[JaxEngine, Published], None] | None = None
     version: int = 0  # the initial weights are the trainer's (same seed)
+    admission_log: AdmissionLog | None = None  # this host's per-step admission records
 
     def run(self, step: int, published: Published) -> RolloutBatch:
         """Batch `step`'s share of this host, sampled with `published`: load (where weights
@@ -102,6 +105,7 @@ class RolloutHalf:
                 self._load_newer(published)
         self.version = published.version
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(s.seed), step), self.host)
+        queue = RequestQueue()
         with timer.phase("admission"):
             admitted = phases.admit(
                 self.task,
@@ -111,13 +115,16 @@ class RolloutHalf:
                 hosts=self.hosts,
                 group_size=s.group_size,
                 balance=s.opt.balance_prompts,
+                queue=queue,
+                pretokenized=s.opt.pretokenize_prompts,
             )
+        head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):
-            generation_start = time.perf_counter()
-            rollout = self.engine.generate(
-                admitted.requests, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+            rollout = phases.generate(
+                self.engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
             )
-            generation_s = time.perf_counter() - generation_start
+        if self.admission_log is not None:
+            self.admission_log.write(step, admitted.record)
         with timer.phase("reward"):
             scored = phases.score(
                 self.task, admitted, rollout, advantage=s.advantage, eps=s.advantage_eps
@@ -125,7 +132,9 @@ class RolloutHalf:
         n = len(admitted.requests)
         metrics = {
             **phases.rollout_metrics(admitted, rollout, scored),
-            "rollout/decode_s_per_iteration": generation_s / max(rollout.decode_iterations, 1),
+            **admitted.record.metrics(),
+            "timing/head_interval_s": head_interval_s,
+            **decode_metrics(rollout),
             "rollout/weight_version": self.version,
         }
         return RolloutBatch(
@@ -240,3 +249,10 @@ def publish_to_engine(trainer: Trainer, *, engine: JaxEngine, one_call: bool) ->
     """In-process publication: the FSDP shards gathered into this host's engine (O4: one call)."""
     phases.publish(trainer.params, engine, mesh=trainer.mesh, one_call=one_call)
     return Published(trainer.steps_done)
+
+
+def decode_metrics(rollout) -> dict[str, float]:
+    """Figure 7b's per-iteration decode time: the engine's decode iterations only (prefill and
+    compiles excluded); none where the engine interleaves prefill and decode (vLLM)."""
+    per_iteration = rollout.decode_s_per_iteration
+    return {} if per_iteration is None else {"rollout/decode_ms_per_iteration": 1e3 * per_iteration}

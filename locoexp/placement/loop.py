@@ -28,13 +28,15 @@ decides what a phase does, how data moves, or what a run writes (`metrics.run_ou
 import dataclasses
 import gc
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput, summarize_steps
-from locoexp.metrics.timing import StepTimer
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.trainer.divergence import require_finite_step
@@ -98,10 +100,13 @@ def drive(
     timer: StepTimer,
     output: RunOutput | None,
     start_time: float,
+    profiler: StepProfiler | None = None,
 ) -> dict[str, Any]:
     """Run the loop; the leader's `output` gets every record and `summary.json` (with
-    cost-to-learn); returns the summary (on every host). The caller closes `output`."""
+    cost-to-learn); returns the summary (on every host). The caller closes `output`.
+    `profiler`: the steps this process traces (`profile_steps`)."""
     loop = StepLoop(transport, plan, timer=timer, output=output, start_time=start_time)
+    loop.profiler = profiler or loop.profiler
     summary = summarize(loop.run(), staleness=plan.staleness)
     if output is None:
         return summary
@@ -133,6 +138,7 @@ class StepLoop:
         self.published = Published(0)
         self.pending = None  # the next batch's rollout, once started
         self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
+        self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
 
     def run(self) -> list[dict]:
         try:
@@ -153,26 +159,34 @@ class StepLoop:
 
     def _step(self, step: int) -> None:
         t, timer, last = self.transport, self.timer, step + 1 == self.plan.steps
-        with timer.step():
-            if not self.plan.staleness:
-                self.pending = t.start_rollout(step, self.published)
-            reports, batches = t.collect_rollout(self.pending, timer)
-            carried = self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
-            training = t.start_train(step, batches, carried=carried)
-            self.pending = None
-            if self.plan.staleness and not last:
-                self.pending = t.start_rollout(step + 1, self.published)
-            results = t.collect_train(training, timer)
-            with timer.phase("log"):
-                self._emit(results[0].exchanged, next_reports=reports)
-            # after step t-1's record is out; every host sees the same (global) loss
-            require_finite_step(results[0].report.metrics, step=step)
+        with self.profiler.capture(step):
+            with timer.step():
+                if not self.plan.staleness:
+                    self.pending = t.start_rollout(step, self.published)
+                reports, batches = t.collect_rollout(self.pending, timer)
+                carried = (
+                    self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
+                )
+                training = t.start_train(step, batches, carried=carried)
+                self.pending = None
+                if self.plan.staleness and not last:
+                    self.pending = t.start_rollout(step + 1, self.published)
+                results = t.collect_train(training, timer)
+                with timer.phase("log"):
+                    self._emit(results[0].exchanged, next_reports=reports)
+                # after step t-1's record is out; every host sees the same (global) loss
+                require_finite_step(results[0].report.metrics, step=step)
+            step_end = time.perf_counter()
+        breakdown = self.profiler.metrics(step)
+        if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation
+            self.eval_total_s += time.perf_counter() - step_end
         self.published = results[0].published
         record = {
             "step": step,
             **combine_host_metrics([r.metrics for r in reports]),
             **combine_host_metrics([r.report.metrics for r in results]),
             **timer.metrics(),
+            **breakdown,
             "time/elapsed_s": time.perf_counter() - self.start_time - self.eval_total_s,
         }
         self.previous = (record, results)
@@ -186,7 +200,10 @@ class StepLoop:
         self.previous = None
         record = combine_host_metrics(exchanged or self.transport.exchange(record))
         record["step"] = int(record["step"])
-        record["timing/host_orchestration_share"] = host_share(record)
+        record["timing/host_orchestration_s"] = host_orchestration_s(record)
+        record["timing/host_orchestration_share"] = (
+            record["timing/host_orchestration_s"] / record["timing/step_s"]
+        )
         if self.plan.staleness:
             if next_reports is None and self.pending is not None:
                 next_reports, _ = self.transport.collect_rollout(self.pending, None)
@@ -218,13 +235,6 @@ def freeze_gc() -> None:
 def unfreeze_gc() -> None:
     gc.enable()
     gc.unfreeze()
-
-
-def host_share(record: dict) -> float:
-    """Share of the step outside compiled device programs (Section 3.2's host orchestration),
-    approximated by the phases that are pure host work plus the unaccounted remainder."""
-    host = sum(record.get(f"timing/{p}_s", 0.0) for p in ("admission", "reward", "pack", "log"))
-    return (host + record.get("timing/unaccounted_s", 0.0)) / record["timing/step_s"]
 
 
 def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict:

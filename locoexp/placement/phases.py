@@ -14,20 +14,24 @@ from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
+from locoexp.dataset.admission import AdmissionRecord, admit_requests
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
 from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
+from locoexp.rollout.requests import RequestQueue
 
 
 @dataclasses.dataclass(frozen=True)
 class Admitted:
-    """A host's share of one step: B examples and their N = B * G requests (groups contiguous)."""
+    """A host's share of one step: B examples and their N = B * G requests (groups contiguous),
+    as submitted to the engine's request queue."""
 
     examples: list[Example]
     requests: list[np.ndarray]
     group_size: int
+    record: AdmissionRecord | None = None  # what admission did (None: not admitted this way)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,15 +91,34 @@ def admit(
     hosts: int,
     group_size: int,
     balance: bool,
+    queue: RequestQueue,
+    pretokenized: bool,
 ) -> Admitted:
-    """Admission: this host's share of the step's P prompts (`host_shares`) and their G requests
-    each."""
+    """Admission (Section 4.3, App. C Eq. 3): this host's share of the step's P prompts
+    (`host_shares`: floor or ceil of P/H); each of their G requests is chat-rendered, tokenized
+    and put on the engine's `queue` one at a time by this process (the single controller, one
+    process, admits all P*G)."""
     indices = schedule.batch(step)
     lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
     mine = split_across_hosts(indices, lengths, hosts, balance=balance)[host]
     examples = [task.train[i] for i in mine]
-    requests = [e.prompt_tokens for e in examples for _ in range(group_size)]
-    return Admitted(examples=examples, requests=requests, group_size=group_size)
+    requests, record = admit_requests(
+        task, examples, group_size=group_size, queue=queue, pretokenized=pretokenized
+    )
+    return Admitted(examples=examples, requests=requests, group_size=group_size, record=record)
+
+
+def generate(
+    engine: JaxEngine,
+    queue: RequestQueue,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    sampling: SamplingParams,
+) -> Rollout:
+    """Generation: the local engine drains its request queue and completes every request."""
+    prompts = [request.prompt_tokens for request in queue.drain()]
+    return engine.generate(prompts, key=key, max_new_tokens=max_new_tokens, sampling=sampling)
 
 
 def score(

@@ -24,7 +24,7 @@ from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from locoexp.metrics.timing import StepTimer
+from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
 from locoexp.placement.launch import free_port, initialize_distributed
 from locoexp.placement.loop import freeze_gc
@@ -47,6 +47,7 @@ class DaLayout:
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
     """A half's report with the actor's timings; its step time is `timing/<side>_s`."""
     times = timer.metrics()
+    times[f"timing/{side}_host_orchestration_s"] = host_orchestration_s(times)
     times[f"timing/{side}_s"] = times.pop("timing/step_s")
     del times["timing/unaccounted_s"]
     return HalfReport({**report.metrics, **times}, report.window)
@@ -112,10 +113,13 @@ class TrainerHost(_Actor):
         return dataclasses.replace(result, report=side_report(result.report, self.timer, "trainer"))
 
 
-def publish_to_object_store(trainer: Trainer, *, one_call: bool) -> Published | None:
-    """All-gather the new weights on every trainer host (O4: in one program, else per layer);
-    the leader puts one host copy into the object store, versioned by updates applied."""
-    local = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=one_call)
+def publish_to_object_store(trainer: Trainer, *, one_call: bool, dtype=None) -> Published | None:
+    """All-gather the new weights on every trainer host (O4: in one program, else per layer),
+    cast to the engines' `dtype` (a bf16 sampler gets half the bytes, Table I3); the leader puts
+    one host copy into the object store, versioned by updates applied."""
+    local = gather_for_engine(
+        trainer.params, trainer.mesh, jax.local_devices(), one_call=one_call, dtype=dtype
+    )
     if jax.process_index() != 0:
         jax.block_until_ready(local)
         return None

@@ -1,0 +1,90 @@
+"""Where admission runs, from the per-host records of real runs (Section 4.3, Figure 7a): the
+single controller admits every request of a step serially in its one process; under `co` each
+host process admits its own share, at the same time as the others. Also: a profiled step's
+breakdown reaches the records. Real GSM8K rows, the real Qwen3 tokenizer, a tiny Qwen3-vocabulary
+model; 2 local hosts."""
+
+import json
+
+import pytest
+from dataset_options import shared_data
+
+from locoexp.dataset.admission import read_admission_logs
+
+PROMPTS, GROUP, STEPS = 64, 8, 3
+
+
+def run_gsm8k(compose, placement: str, run_dir) -> list[dict]:
+    from locoexp.main import run
+
+    folder = shared_data("gsm8k")
+    config = compose(
+        [
+            "model=tiny_qwen",
+            "model.hidden_dim=64",
+            "model.mlp_dim=128",
+            "model.num_layers=1",
+            "model.head_dim=16",
+            "dataset=gsm8k",
+            f"dataset.data_files={folder / 'train.jsonl'}",
+            "dataset.eval_data_files=null",
+            "dataset.max_train_rows=256",
+            f"dataset.prompts_per_step={PROMPTS}",
+            f"dataset.samples_per_prompt={GROUP}",
+            "dataset.max_prompt_tokens=256",
+            "dataset.max_new_tokens=2",
+            f"placement={placement}",
+            "hardware.hosts=2",
+            f"steps={STEPS}",
+            "eval_every_steps=0",
+            "profile_steps=[2]",
+            "logger=none",
+        ]
+    )
+    run(config, run_dir=run_dir, progress=False)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "timing/step_s" in r]
+
+
+def test_single_controller_admits_every_request_serially_in_one_process(compose, tmp_path):
+    records = run_gsm8k(compose, "single_controller", tmp_path)
+    logs = read_admission_logs(tmp_path)
+    assert list(logs) == ["host0"]  # one admitting process
+    steps = logs["host0"]
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert len({s["pid"] for s in steps}) == 1
+    assert all(s["requests"] == PROMPTS * GROUP and not s["pretokenized"] for s in steps)
+    assert all(records[t]["admission/requests"] == PROMPTS * GROUP for t in range(STEPS))
+    check_breakdown(records, tmp_path)
+
+
+def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(compose, tmp_path):
+    records = run_gsm8k(compose, "co", tmp_path)
+    logs = read_admission_logs(tmp_path)
+    assert sorted(logs) == ["host0", "host1"]
+    pids = {name: {s["pid"] for s in steps} for name, steps in logs.items()}
+    assert all(len(p) == 1 for p in pids.values()) and pids["host0"] != pids["host1"]
+    for name, steps in logs.items():
+        assert all(s["requests"] == PROMPTS * GROUP // 2 for s in steps), name
+    # After step 0 the hosts leave the previous step's last collective together; their
+    # admissions (256 requests each, tens of ms) overlap in wall time: neither waits for the other.
+    overlaps = [
+        min(a["last_submitted_ns"], b["last_submitted_ns"])
+        > max(a["first_submitted_ns"], b["first_submitted_ns"])
+        for a, b in zip(logs["host0"][1:], logs["host1"][1:], strict=True)
+    ]
+    assert any(overlaps), (logs["host0"], logs["host1"])
+    assert records[1]["admission/requests"] == PROMPTS * GROUP // 2  # per host, reduced
+    check_breakdown(records, tmp_path)
+
+
+def check_breakdown(records: list[dict], run_dir) -> None:
+    """Only the profiled step carries `breakdown/*`; its shares sum to 1; the trace is kept."""
+    assert all("breakdown/host_share" not in r for r in records[:2])
+    shares = [records[2][f"breakdown/{k}_share"] for k in ("compute", "network", "host")]
+    assert sum(shares) == pytest.approx(1.0) and all(0 <= s <= 1 for s in shares)
+    assert records[2]["breakdown/compute_share"] > 0
+    assert list((run_dir / "profile" / "step2").glob("host0/plugins/profile/*/*.xplane.pb"))
+    for record in records:
+        assert record["timing/host_orchestration_s"] <= record["timing/step_s"]
+        assert 0 < record["timing/head_interval_s"] < record["timing/step_s"]
