@@ -136,10 +136,13 @@ class Config:
         )
         trainers = trainer_hosts(self.split, hosts)
         rollouts, d = hosts - trainers, self.dataset
+        # Each rollout host admits floor or ceil of P/R whole GRPO groups (`phases.
+        # split_across_hosts`): the paper's 0.25 and 0.125 splits leave 3H/4 or 7H/8 rollout hosts,
+        # which never divide 128 or 256 prompts (Table F1, Section 4.4), and ran that way.
         require(
-            d.prompts_per_step % rollouts == 0,
-            f"dataset.prompts_per_step={d.prompts_per_step} must be divisible by the {rollouts} "
-            "rollout hosts of placement=da (each admits whole GRPO groups).",
+            d.prompts_per_step >= rollouts,
+            f"dataset.prompts_per_step={d.prompts_per_step} gives some of the {rollouts} rollout "
+            "hosts of placement=da no GRPO group; use at least as many prompts as rollout hosts.",
         )
         sequences = d.prompts_per_step * d.samples_per_prompt
         require(
@@ -160,7 +163,9 @@ class Config:
         - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
           group; refused on a TPU slice under co and single_controller, whose coordinator the
           cluster names.
-        - `placement.ray_address`: da only (None elsewhere)."""
+        - `placement.ray_address`: da only (None elsewhere).
+        - `rollout.release_weights_during_training`: co, single_controller (the engine shares
+          the trainer's devices); refused under da."""
         kind = self.placement.kind
         require(
             not (kind is PlacementKind.da and self.opt.metrics_off_barrier),
@@ -180,6 +185,11 @@ class Config:
         require(
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
+        require(
+            not (kind is PlacementKind.da and self.rollout.release_weights_during_training),
+            "rollout.release_weights_during_training=true does not apply to placement=da: its "
+            "engines never share devices with the trainer; set it to false.",
         )
 
 

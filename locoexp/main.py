@@ -398,8 +398,10 @@ def build_in_process(
     publish = functools.partial(
         publish_to_engine, engine=rollout.engine, one_call=config.opt.publish_in_one_call
     )
+    releases = config.rollout.release_weights_during_training  # Table H2's 405B workaround
+    release = rollout.engine.release_weights if releases else None
     trainer = build_trainer_half(
-        policy, config.algo, config.trainer, group=hosts, publish=publish, **where
+        policy, config.algo, config.trainer, group=hosts, publish=publish, release=release, **where
     )
     return InProcess(rollout=rollout, trainer=trainer, hosts=hosts)
 

@@ -188,9 +188,12 @@ def test_a_dead_rollout_host_stops_the_run_and_leaves_no_ray_process(tmp_path):
     assert trained[0]["step"] == 0
 
 
-def test_a_split_that_does_not_give_rollout_hosts_whole_groups_is_refused():
-    with pytest.raises(ConfigError, match="divisible by the 3 rollout hosts"):
-        _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=4"])
+def test_rollout_hosts_take_uneven_shares_of_whole_groups_but_not_none():
+    # 4 prompts over 3 rollout hosts: 2, 1, 1 groups (the paper's 0.25 split, Table F1)
+    config = _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=4"])
+    assert config.split == 0.25
+    with pytest.raises(ConfigError, match="some of the 3 rollout hosts of placement=da no GRPO"):
+        _compose([*TINY, "split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=2"])
 
 
 def test_o1_is_refused_under_da_and_turned_off_by_its_placement_file():

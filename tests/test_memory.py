@@ -287,6 +287,32 @@ def test_only_colocated_roles_share_a_device():
     assert (da.trainer_peak, da.engine_peak) == (da.trainer.total, da.engine.total)
 
 
+def test_released_engine_weights_leave_the_train_step_and_only_it():
+    # rollout.release_weights_during_training (Table H2's 405B workaround): the colocated train
+    # step no longer holds the engine's copy; generation is unchanged
+    hardware, model = tpu_v7x(16), load_model_option("qwen3_1_7b")
+    kept = plan.build_plan(setup(model, hardware, SMALL), micro=1, per_replica=8)
+    freed = plan.build_plan(
+        setup(model, hardware, SMALL, rollout=RolloutConfig(release_weights_during_training=True)),
+        micro=1,
+        per_replica=8,
+    )
+    assert freed.trainer_peak == kept.trainer_peak - kept.engine.weights == kept.trainer.total
+    assert freed.engine_peak == kept.engine_peak
+    released = setup(
+        model, hardware, SMALL, rollout=RolloutConfig(release_weights_during_training=True)
+    )
+    assert "engine weights" not in describe_plan(released).split("rollout:")[0]
+    assert "engine weights" in describe_plan(setup(model, hardware, SMALL)).split("rollout:")[0]
+
+
+def test_uneven_da_shares_size_the_busiest_engine():
+    # 128 prompts x 16 over 3 rollout hosts: 43, 43, 42 groups; the plan holds 43 x 16
+    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    gsm = DatasetConfig(prompts_per_step=128, samples_per_prompt=16)
+    assert setup(TINY, tpu_v7x(16), gsm, roles=roles).requests_per_engine == 43 * 16
+
+
 def test_cpu_hosts_share_the_machine_and_the_plan_checks_their_sum():
     model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
     gsm8k = DatasetConfig(

@@ -461,8 +461,9 @@ def test_every_float_key_refuses_non_finite_numbers(compose, value):
 
 
 def test_da_host_shares_are_refused_before_the_run_directory(compose):
-    with pytest.raises(ConfigError, match="must be divisible by the 3 rollout hosts"):
-        compose(["placement=da", "split=0.25", "hardware.hosts=4", "logger=none"])
+    # 3 trainer hosts cannot take equal shares of 32 x 16 sequences
+    with pytest.raises(ConfigError, match="must be divisible by the 3 trainer hosts"):
+        compose(["placement=da", "split=0.75", "hardware.hosts=4", "logger=none"])
 
 
 def test_steps_beyond_the_schedule_are_refused_before_the_run_directory(compose):

@@ -16,12 +16,22 @@ from locoexp.metrics.run_records import read_metrics_jsonl
 pytestmark = pytest.mark.slow
 REFERENCE = json.loads((Path(__file__).parent / "fixtures/step_loop_reference.json").read_text())
 # what the one loop adds to the old records: every placement records its weight version and
-# staleness (0 under co), and the da driver times its log phase and host share like co's hosts
+# staleness (0 under co), and the da driver times its log phase and host share like co's hosts;
+# every placement counts its sequences (the weights of per-sequence means over uneven da shares)
 ADDED = {
-    "co_2hosts": {"rollout/weight_version", "train/staleness_steps"},
-    "single_controller_2hosts": {"rollout/weight_version", "train/staleness_steps"},
-    "da_2hosts": {"timing/log_s", "timing/host_orchestration_share"},
+    "co_2hosts": {"rollout/weight_version", "train/staleness_steps", "rollout/sequences"},
+    "single_controller_2hosts": {
+        "rollout/weight_version",
+        "train/staleness_steps",
+        "rollout/sequences",
+    },
+    "da_2hosts": {"timing/log_s", "timing/host_orchestration_share", "rollout/sequences"},
 }
+# issue 14 measures as the paper does: the per-iteration decode time counts decode iterations
+# only (prefill and compiles excluded, Figure 7b), in milliseconds, under a new name; its
+# admission, head-interval and host-orchestration keys are new records beside the old ones
+RENAMED = {"rollout/decode_s_per_iteration": "rollout/decode_ms_per_iteration"}
+MEASURED = {"admission/requests", "timing/head_interval_s", "timing/host_orchestration_s"}
 
 
 @pytest.fixture(scope="module", params=list(REFERENCE["runs"]))
@@ -56,4 +66,7 @@ def test_evaluations_and_summary_equal_the_pre_refactor_run(reproduced):
 def test_records_keep_every_pre_refactor_key(reproduced):
     name, reference, _, records = reproduced
     keys = set().union(*(r.keys() for r in records if "eval/accuracy" not in r))
-    assert keys == set(reference["record_keys"]) | ADDED[name]
+    kept = {RENAMED.get(k, k) for k in reference["record_keys"]}
+    assert kept | ADDED[name] <= keys, sorted((kept | ADDED[name]) - keys)
+    if name != "da_2hosts":  # da's driver records each side's host time under its own key
+        assert keys >= MEASURED, sorted(MEASURED - keys)

@@ -15,14 +15,15 @@ import dataclasses
 from locoexp.compose import compose_configs
 from locoexp.errors import ConfigError
 from locoexp.main import plan_setup
-from locoexp.planner import Roles, check_fit, resolve_plan
+from locoexp.planner import check_fit, resolve_plan
 from locoexp.planner.estimate import GIB
 from locoexp.planner.paper import WORKAROUNDS, grouped_by_split, paper_cells
 
 
 def planned_setups(every_split: bool):
-    """(label, plan setup) of every cell, each base composed once. A da split whose hosts do
-    not divide the batch (the root Config refuses it) is planned from its roles directly."""
+    """(label, plan setup or the root Config's refusal) of every cell, each base composed once.
+    Under `--every-split` the Config refuses the splits whose trainer hosts do not divide the
+    sequences (each trainer host packs an equal share); the paper's splits all plan."""
     grouped = grouped_by_split(paper_cells(every_split=every_split))
     bases = list(grouped)
     jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
@@ -33,18 +34,13 @@ def planned_setups(every_split: bool):
                 continue
             try:
                 yield label, plan_setup(dataclasses.replace(config, split=split))
-            except ConfigError:
-                trainers = round(split * config.hardware.hosts)
-                roles = Roles(
-                    trainer_hosts=trainers,
-                    rollout_hosts=config.hardware.hosts - trainers,
-                    colocated=False,
-                    kl_reference=config.algo.kl_coef > 0,
-                )
-                yield label + " (uneven)", dataclasses.replace(plan_setup(config), roles=roles)
+            except ConfigError as error:
+                yield label, error
 
 
 def table_row(label: str, setup) -> str:
+    if isinstance(setup, ConfigError):
+        return f"| {label} | - | - | - | - | - | - | refused by the config: {setup} |"
     try:
         check_fit(setup)
         verdict = "fits"
@@ -52,7 +48,7 @@ def table_row(label: str, setup) -> str:
         verdict = str(error)
     p = resolve_plan(setup)
     s = p.trainer_shape
-    extra = " ".join(WORKAROUNDS.get(label.removesuffix(" (uneven)"), [])) or "-"
+    extra = " ".join(WORKAROUNDS.get(label, [])) or "-"
     return (
         f"| {label} | {p.trainer_peak / GIB:.1f} | {p.engine_peak / GIB:.1f} | "
         f"{s.micro_batch_rows} x {s.micro_batches} | {p.capacity} x {p.waves} | "

@@ -182,6 +182,9 @@ class TrainerHalf:
     # this host's share of the sequences handed to it: (0, 1) when it is handed its own
     # rollout host's batch (co), (index, trainer hosts) when handed every batch (da)
     share: tuple[int, int] = (0, 1)
+    # colocated engine only: frees its weights before the train phase (the publication after it
+    # loads new ones); None keeps them (rollout.release_weights_during_training)
+    release: Callable[[], None] | None = None
 
     def train(
         self, step: int, batches: Sequence[RolloutBatch], *, carried: dict | None = None
@@ -197,6 +200,8 @@ class TrainerHalf:
         with self.timer.phase("pack"):
             packed, exchanged = self.pack(batches, carried=carried)
         with self.timer.phase("train"):
+            if self.release is not None:
+                self.release()
             metrics = self.trainer.train_step(packed)
         with self.timer.phase("publish"):
             published = self.publish(self.trainer)

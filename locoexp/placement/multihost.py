@@ -117,13 +117,21 @@ def gather_for_engine(params, mesh: Mesh, devices: list[jax.Device], *, one_call
     return jax.tree.map(lambda x: local_copy(x, devices), full)
 
 
-_SUMMED = ("rollout/tokens_in", "rollout/tokens_out")
+_SUMMED = ("rollout/sequences", "rollout/tokens_in", "rollout/tokens_out")
+# Means over this host's sequences: weighted by each host's `rollout/sequences`, since under da
+# the rollout hosts may hold floor or ceil of B/H groups (`phases.host_shares`).
+_PER_SEQUENCE = (
+    "rollout/reward_mean",
+    "rollout/prompt_tokens_mean",
+    "rollout/completion_tokens_mean",
+    "rollout/truncated_share",
+)
 
 
 def combine_host_metrics(per_host: list[dict[str, float]]) -> dict[str, float]:
     """Per-host records -> one record: timings are the slowest host's (a synchronous step
-    waits for it) with `_mean` beside them; token counts add up; other rollout fields are
-    means over hosts (every host holds the same number of groups) or maxima for `_max` keys."""
+    waits for it) with `_mean` beside them; counts add up; per-sequence means are weighted by
+    each host's sequences; other fields are means over hosts, or maxima for `_max` keys."""
     if len(per_host) == 1:
         return dict(per_host[0])
     reduced = reduce_over_hosts(per_host)
@@ -134,6 +142,10 @@ def combine_host_metrics(per_host: list[dict[str, float]]) -> dict[str, float]:
             record[f"{key}_mean"] = reduced[f"{key}_mean"]
         elif key in _SUMMED:
             record[key] = reduced[f"{key}_mean"] * len(per_host)
+        elif key in _PER_SEQUENCE and "rollout/sequences" in per_host[0]:
+            weights = [float(r["rollout/sequences"]) for r in per_host]
+            values = [float(r[key]) for r in per_host]
+            record[key] = float(np.average(values, weights=weights))
         elif key.endswith("_max"):
             record[key] = reduced[f"{key}_max"]
         else:

@@ -56,17 +56,26 @@ class StepSettings:
     seed: int = 0
 
 
+def host_shares(prompts: int, hosts: int) -> list[int]:
+    """Prompts per host: floor or ceil of B/H whole groups, the first B mod H hosts one more
+    (`da`'s 3H/4 or 7H/8 rollout hosts never divide 128 or 256 prompts; Table F1)."""
+    base, extra = divmod(prompts, hosts)
+    return [base + (h < extra) for h in range(hosts)]
+
+
 def split_across_hosts(
     indices: np.ndarray, lengths: np.ndarray, hosts: int, *, balance: bool
 ) -> list[np.ndarray]:
-    """Give each host B/H prompts. O3 (Table B1): greedy longest-first to the lightest host,
-    so total prompt length per host is balanced; otherwise contiguous slices."""
-    per_host = len(indices) // hosts
+    """Give each host its `host_shares` of the prompts. O3 (Table B1): greedy longest-first to
+    the lightest host with room left, so total prompt length per host is balanced; otherwise
+    contiguous slices."""
+    sizes = host_shares(len(indices), hosts)
     if not balance:
-        return [indices[h * per_host : (h + 1) * per_host] for h in range(hosts)]
+        ends = np.cumsum(sizes)
+        return [indices[end - size : end] for size, end in zip(sizes, ends, strict=True)]
     loads, shares = np.zeros(hosts), [[] for _ in range(hosts)]
     for i in np.argsort(-lengths, kind="stable"):
-        open_hosts = [h for h in range(hosts) if len(shares[h]) < per_host]
+        open_hosts = [h for h in range(hosts) if len(shares[h]) < sizes[h]]
         h = min(open_hosts, key=lambda j: loads[j])
         shares[h].append(indices[i])
         loads[h] += lengths[i]
@@ -85,9 +94,10 @@ def admit(
     queue: RequestQueue,
     pretokenized: bool,
 ) -> Admitted:
-    """Admission (Section 4.3, App. C Eq. 3): this host's P/H prompts of the step; each of their
-    P*G/H requests is chat-rendered, tokenized and put on the engine's `queue` one at a time by
-    this process (the single controller, one process, admits all P*G)."""
+    """Admission (Section 4.3, App. C Eq. 3): this host's share of the step's P prompts
+    (`host_shares`: floor or ceil of P/H); each of their G requests is chat-rendered, tokenized
+    and put on the engine's `queue` one at a time by this process (the single controller, one
+    process, admits all P*G)."""
     indices = schedule.batch(step)
     lengths = np.array([len(task.train[i].prompt_tokens) for i in indices])
     mine = split_across_hosts(indices, lengths, hosts, balance=balance)[host]
@@ -141,6 +151,7 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
         "rollout/completion_tokens_mean": float(rollout.lengths.mean()),
         "rollout/completion_tokens_max": int(rollout.lengths.max()),
         "rollout/truncated_share": float(rollout.truncated.mean()),
+        "rollout/sequences": len(admitted.requests),
         "rollout/tokens_in": int(prompt_lengths.sum()),
         "rollout/tokens_out": int(rollout.lengths.sum()),
         "rollout/decode_iterations": rollout.decode_iterations,

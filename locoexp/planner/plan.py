@@ -77,7 +77,7 @@ class Plan:
     engine_shape: EngineShape
     trainer: TrainerMemory
     engine: EngineMemory
-    trainer_peak: int  # the training step, plus the engine's weights when colocated
+    trainer_peak: int  # the training step, plus the engine's weights when colocated and kept
     engine_peak: int  # generation, plus the trainer's params and AdamW state when colocated
     engines: int
     replicas_per_engine: int
@@ -167,8 +167,9 @@ class Setup:
 
     @property
     def requests_per_engine(self) -> int:
+        """The busiest engine's: ceil(B / engines) whole groups (`phases.host_shares`)."""
         d = self.dataset
-        return math.ceil(d.prompts_per_step * d.samples_per_prompt / self.engines)
+        return math.ceil(d.prompts_per_step / self.engines) * d.samples_per_prompt
 
 
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
@@ -184,7 +185,10 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     eshape = _engine_shape(m, setup.dataset, setup.rollout, sequences=per_replica)
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)
-    trainer_peak = trainer.total + (engine.weights if r.colocated else 0)
+    # Table H2: with rollout.release_weights_during_training the engine's copy is freed for
+    # the train step (the KV cache is per wave, freed after generation either way)
+    held = r.colocated and not setup.rollout.release_weights_during_training
+    trainer_peak = trainer.total + (engine.weights if held else 0)
     engine_peak = engine.total + (trainer.resident if r.colocated else 0)
     capacity = min(per_replica * setup.replicas, setup.requests_per_engine)
     return Plan(

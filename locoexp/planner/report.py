@@ -30,7 +30,8 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         f"head {_gib(t.head_gradient)} + max(gradients, chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
-    terms += [f"engine weights {_gib(plan.engine.weights)}"] if roles.colocated else []
+    held = roles.colocated and not setup.rollout.release_weights_during_training
+    terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
     offload = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
     return (
         f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} (FSDP), "
@@ -50,11 +51,13 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
         f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})",
     ]
     terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
+    # da's rollout hosts may hold floor or ceil of B/R groups: the plan is the busiest's
+    busiest = " (the busiest)" if setup.dataset.prompts_per_step % plan.engines else ""
     return (
         f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(plan.engines, 'engine')} of "
         f"{_n(setup.engine_devices, 'device')}, DP{plan.replicas_per_engine} x "
         f"TP{s.tensor_parallel}, {s.dtype.value} sampler; {plan.requests_per_engine} requests per "
-        f"engine in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
+        f"engine{busiest} in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
         f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
         + " + ".join(terms)
     )

@@ -41,6 +41,13 @@ class RolloutConfig:
     # float32 trainer is Table I3's cost-to-learn recipe: publication casts into it.
     param_dtype: DType | None = None
     eval_temperature: float = 0.7  # held-out evaluation sampling (Table I3: T 0.7)
+    # Colocated placements (co, single_controller) with the JAX engine: drop the engine's weight
+    # copy before the train phase; the publication right after training loads fresh ones. The
+    # paper's Llama-3.1-405B at TP16 fit only by freeing the sampler's weights and KV cache
+    # during training (Table H2); the JAX engine's KV cache lives only within a wave already.
+    # The plan then counts no engine weights in the train step. Refused under placement=da,
+    # whose engines never share devices with the trainer.
+    release_weights_during_training: bool = False
 
     # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is data-parallel over
     # its devices / tensor_parallel and sizes its cache per wave, so it refuses these.
@@ -97,6 +104,11 @@ class RolloutConfig:
         require(
             self.kv_cache_gib >= 0,
             f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 (0 = from memory_fraction).",
+        )
+        require(
+            not (self.release_weights_during_training and self.engine is EngineKind.vllm),
+            "rollout.release_weights_during_training=true applies to rollout=jax only; with "
+            "rollout=vllm leave it false.",
         )
         if self.engine is EngineKind.jax:
             for key, default in _VLLM_ONLY.items():

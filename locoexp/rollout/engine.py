@@ -144,6 +144,7 @@ class JaxEngine:
         self._param_shardings = sharding.param_shardings(abstract, self.mesh, self.model_config, tp)
         self._cache_heads = sharding.cache_heads(self.model_config, tp)
         self._programs = {}
+        self._abstract = abstract  # the params' structure, for a per-layer load after a release
         self.params = self._place(nnx.split(model, nnx.Param)[1], self._param_shardings)
 
     @property
@@ -166,6 +167,20 @@ class JaxEngine:
         the next step, which must not delete the weights the engine samples with."""
         self.params = self._place(params, self._param_shardings)
 
+    @property
+    def holds_weights(self) -> bool:
+        return self.params is not None
+
+    def release_weights(self) -> None:
+        """Free the engine's weight copy until the next load (rollout.release_weights_during_
+        training; Table H2's 405B TP16 workaround). The copy is the engine's own (`_place`
+        never aliases), so deleting its buffers frees them even if a stray reference remains."""
+        if self.params is None:
+            return
+        for leaf in jax.tree.leaves(self.params):
+            leaf.delete()
+        self.params = None
+
     def load_weights_per_layer(self, params) -> None:
         """Publish layer by layer, one transfer per top-level subtree (the `opt=base` path)."""
         pure, shardings = nnx.to_pure_dict(params), nnx.to_pure_dict(self._param_shardings)
@@ -177,6 +192,8 @@ class JaxEngine:
                 }
             else:
                 merged[name] = self._place(subtree, shardings[name])
+        if self.params is None:  # released: fill a fresh tree of the params' structure
+            self.params = jax.tree.map(lambda x: x, self._abstract)
         nnx.replace_by_pure_dict(self.params, merged)
 
     def _place(self, params, shardings):
