@@ -4,7 +4,7 @@ the same W&B run continuing its step axis, summary and cost-to-learn over the wh
 import json
 
 import pytest
-from test_wandb_logger import make_config, read_run
+from test_wandb_logger import make_config, read_run, start_in_a_new_second
 
 from locoexp.metrics.config import LoggerConfig, LoggerKind
 from locoexp.metrics.cost import Checkpoint, resumed_elapsed_s
@@ -82,6 +82,7 @@ def test_a_resumed_run_records_every_step_once_and_summarizes_all_of_them(tmp_pa
             first.on_eval(Checkpoint(step=2, elapsed_s=30.0, score=0.9), seconds=1.0)
     first.close()
 
+    start_in_a_new_second()
     scored = (Checkpoint(step=2, elapsed_s=30.0, score=0.9),)
     second = _output(run_dir, kind="wandb", resume_from=4, scored=scored)
     assert [r["step"] for r in second.dropped] == [4, 5]

@@ -2,6 +2,7 @@
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,12 @@ def read_run(run_dir: Path, run_id: str):
     return files, runs, history, summary
 
 
+def start_in_a_new_second() -> None:
+    """W&B names an offline segment by its start second and run id: two launches of one run in
+    the same second would share a directory (a real restart takes seconds, a test does not)."""
+    time.sleep(1.0 - time.time() % 1.0 + 0.05)
+
+
 def log_steps(logger, steps):
     for step in steps:
         logger.log(
@@ -137,6 +144,7 @@ def test_a_restarted_run_resumes_the_same_wandb_run(tmp_path):
     )
     log_steps(first, range(2))
     first.finish()
+    start_in_a_new_second()
     second = build_logger(
         make_config(group="fixed"), run_dir=run_dir, resolved_config=RESOLVED, run_name="pulse"
     )
