@@ -465,6 +465,22 @@ def shape_table(parts: dict[str, list], shaped: dict, roofline_gflops: float) ->
     return table
 
 
+def step_timings(records: list[dict]) -> dict:
+    """Medians over the steps after step 0 (which compiles) of the loop's own clocks."""
+    steady = records[1:]
+    return {
+        "phases_s": {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES},
+        "step_s": statistics.median(r["timing/step_s"] for r in steady),
+        "unaccounted_s": statistics.median(r["timing/unaccounted_s"] for r in steady),
+        "cpu_s": statistics.median(r["cpu_s"] for r in steady),
+        "step_decode_s_per_iteration": statistics.median(
+            1e-3 * r["rollout/decode_ms_per_iteration"] for r in steady
+        ),
+        "reward_mean": [r["rollout/reward_mean"] for r in records],
+        "first_step_record": records[0],
+    }
+
+
 def summarise(
     config: Config,
     runner: CpuMarked,
@@ -478,8 +494,7 @@ def summarise(
     n = d.prompts_per_step * d.samples_per_prompt
     best = max(rates, key=lambda r: r["gflops"])
     r_flops = rollout_flops(m, sequences=n, prompt=d.max_prompt_tokens, new=d.max_new_tokens)
-    steady = records[1:]
-    rows = int(steady[-1]["train/rows"])
+    rows = int(records[-1]["train/rows"])
     t_flops = train_flops(
         m,
         rows=rows,
@@ -491,7 +506,8 @@ def summarise(
     parts = shaped["parts"]
     check_flops(parts, r_flops, t_flops)
     rate, rates_at = best["gflops"] * 1e9, shaped["rates"]
-    step_s = statistics.median(r["timing/step_s"] for r in steady)
+    timings = step_timings(records)
+    step_s = timings["step_s"]
     floor_s = (r_flops["total"] + t_flops["total"]) / rate
     shape_floor_s = shaped_floor_s(parts["rollout"] + parts["train_step"], rates_at)
     rollout_shape_floor_s = shaped_floor_s(parts["rollout"], rates_at)
@@ -511,9 +527,7 @@ def summarise(
             "shape_floor_fraction": rollout_shape_floor_s / rollout["seconds"],
         },
         step={
-            "phases_s": {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES},
-            "step_s": step_s,
-            "unaccounted_s": statistics.median(r["timing/unaccounted_s"] for r in steady),
+            **timings,
             "rollout_flops": r_flops["total"],
             "train_flops": t_flops,
             "rows": rows,
@@ -522,12 +536,6 @@ def summarise(
             "shape_floor_s": shape_floor_s,
             "train_shape_floor_s": shaped_floor_s(parts["train_step"], rates_at),
             "step_over_shape_floor": step_s / shape_floor_s,
-            "cpu_s": statistics.median(r["cpu_s"] for r in steady),
-            "step_decode_s_per_iteration": statistics.median(
-                1e-3 * r["rollout/decode_ms_per_iteration"] for r in steady
-            ),
-            "reward_mean": [r["rollout/reward_mean"] for r in records],
-            "first_step_record": records[0],
         },
     )
 
