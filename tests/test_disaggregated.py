@@ -5,7 +5,6 @@ and no process left behind after a run. Lost hosts, checkpoints and resume: test
 import contextlib
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
-import ray
 
 from locoexp.algo.grpo import per_token_loss
 from locoexp.compose import compose_config
