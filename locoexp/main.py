@@ -341,9 +341,8 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         # signals after ray.init, which installs a SIGTERM handler of its own
         with actors as transport, StopSignals() as signals:
             published = transport.restore(restored) if restored else Published(0)
-            hooks = RunHooks(
-                config, transport, survival, signals, HostGroup.current(), task.tokenizer
-            )
+            driver = HostGroup(index=0, count=1)  # the one process that records and decides
+            hooks = RunHooks(config, transport, survival, signals, driver, task.tokenizer)
             return drive_surviving(config, files, hooks, StepTimer(), start_time, published)
     finally:
         survival.close()

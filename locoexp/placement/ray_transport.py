@@ -10,8 +10,22 @@ batch trained at that step, trainer-side ones (`transfer`, `pack`, `train`, `pub
 `trainer`) of that step; `timing/step_s` is the driver's period. The driver checks that every
 batch is trained exactly once with the scheduled prompts (`BatchLedger`, `batches.jsonl`).
 Every actor and Ray itself stop when the run ends or fails.
+
+Runs that survive (issue 13):
+- A rollout host whose process dies is restarted by Ray (`ray_hosts.py`); the driver sees the
+  actor's error where it waits for that host's report, waits for the restart and asks it again
+  for the same step with the same `Published` the lost call had (with staleness 1, batch t+1's
+  weights are those after step t-1, not the newest), so the regenerated batch is the lost one
+  (same prompts, sampling key and weights). The ledger records the restart; past the host's
+  budget the run ends with one sentence (`RunFailed`). Evaluation is redone the same way.
+- A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
+  does not wait for its peers, which may be blocked in a collective with it.
+- Checkpoints: each trainer host saves and restores its shards; the driver adds the weight
+  version, the ledger and the already generated next batch (`saved_batches.py`), which a resumed
+  run trains instead of sampling it again (so it continues exactly).
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -100,6 +114,9 @@ class RayActors:
     # a resumed run's saved next batch, by step: trained without sampling it again
     restored: dict[int, list[RolloutBatch]] = dataclasses.field(default_factory=dict)
     latest: PendingRollout | None = None  # the newest batch started (what a checkpoint saves)
+    # restarts per rollout host in this attempt (Ray's budget is per actor; the ledger's rows
+    # also hold an earlier attempt's)
+    restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout:
         """Batch `step` on every rollout host (or from a resumed run's checkpoint)."""
@@ -146,14 +163,15 @@ class RayActors:
         call loads the `Published` weights it is given) and record it in the ledger; a host past
         its restart budget ends the run (`RunFailed`)."""
         actor = self.hosts.rollouts[host]
-        alive = self.ledger.restarts(host) < self.rollout_restarts and wait_restarted(actor)
+        alive = self.restarted[host] < self.rollout_restarts and wait_restarted(actor)
         if not alive:
             raise RunFailed(
                 f"rollout host {host} died while generating {what} of step {step} after "
-                f"{self.ledger.restarts(host)} restarts (placement.rollout_restarts="
+                f"{self.restarted[host]} restarts (placement.rollout_restarts="
                 f"{self.rollout_restarts}; Ray: {type(error).__name__}); the run stopped: find "
                 "what kills it (memory?) or raise placement.rollout_restarts"
             ) from None
+        self.restarted[host] += 1
         self.ledger.record_restart(host=host, step=step, regenerated=what, weight_version=version)
 
     def start_train(self, step: int, batches: list, *, carried: dict | None) -> tuple[int, list]:
