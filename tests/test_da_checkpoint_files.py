@@ -61,7 +61,7 @@ def _result(step: int, schedule: PromptSchedule) -> TrainResult:
     return TrainResult(
         step=step,
         published=None,
-        example_ids=tuple(schedule.batch(step)),
+        example_ids=tuple(int(i) for i in schedule.batch(step)),
         versions=(step,),
         exchanged=None,
         report=HalfReport({}, Window(0.0, 1.0)),
