@@ -154,22 +154,22 @@ class RayActors:
                 return ray.get(pending.calls[host][0])
             except ray.exceptions.RayActorError as error:
                 version = pending.published.version
-                what = f"batch {pending.step}"
-                self._await_restart(host, error, step=pending.step, what=what, version=version)
+                self._await_restart(host, error, step=pending.step, what="batch", version=version)
                 pending.calls[host] = self._generate(host, pending.step, pending.published)
 
     def _await_restart(self, host: int, error: Exception, *, step: int, what: str, version: int):
         """Wait until Ray restarted rollout host `host` (its `__init__` rebuilt the half; the next
-        call loads the `Published` weights it is given) and record it in the ledger; a host past
-        its restart budget ends the run (`RunFailed`)."""
-        actor = self.hosts.rollouts[host]
+        call loads the `Published` weights it is given) and record that it redoes step `step`'s
+        `what` ("batch" or "evaluation"); a host past its restart budget ends the run."""
+        actor, hosts = self.hosts.rollouts[host], len(self.hosts.rollouts)
         alive = self.restarted[host] < self.rollout_restarts and wait_restarted(actor)
         if not alive:
             raise RunFailed(
-                f"rollout host {host} died while generating {what} of step {step} after "
-                f"{self.restarted[host]} restarts (placement.rollout_restarts="
-                f"{self.rollout_restarts}; Ray: {type(error).__name__}); the run stopped: find "
-                "what kills it (memory?) or raise placement.rollout_restarts"
+                f"rollout host {host} of {hosts} (a ray::RolloutHost actor) died during step "
+                f"{step}'s {what} with no restarts left (placement.rollout_restarts="
+                f"{self.rollout_restarts}, {self.restarted[host]} used; Ray: "
+                f"{type(error).__name__}); the run stopped: find what kills it (out of memory?) "
+                "or raise placement.rollout_restarts"
             ) from None
         self.restarted[host] += 1
         self.ledger.record_restart(host=host, step=step, regenerated=what, weight_version=version)
