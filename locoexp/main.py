@@ -5,11 +5,11 @@ and builds, for every placement, what the one step loop (`locoexp.placement.loop
 halves of a step, their transport and the loop plan. Under `da` it builds the factories that the
 Ray actors call to build their halves. Every placement survives the same way (`RunHooks`:
 checkpoints, resume, a clean stop on SIGTERM/SIGINT, the policy exported); under `da` the driver
-runs the hooks and the transport has the trainer hosts write their shards. Start-up order: everything that can refuse a run (memory
-fit, TP vs heads, task files, vocabulary, schedule) is checked before anything is allocated or
-written. With `hardware=cpu` and more than one host (or device per host) the run continues in
-spawned local processes (`locoexp.placement.launch`); on a TPU slice every host runs this same
-function.
+runs the hooks and the transport has the trainer hosts write their shards. Start-up order:
+everything that can refuse a run (memory fit, TP vs heads, task files, vocabulary, schedule) is
+checked before anything is allocated or written. With `hardware=cpu` and more than one host (or
+device per host) the run continues in spawned local processes (`locoexp.placement.launch`); on
+a TPU slice every host runs this same function.
 """
 
 import dataclasses
