@@ -65,10 +65,8 @@ def own_processes(prefix: str | None = None) -> list[psutil.Process]:
 
 
 def ledger(run_dir: Path) -> list[dict]:
-    path = run_dir / "batches.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+    path = run_dir / "batches.jsonl"  # JSON lines like metrics.jsonl (a cut last line skipped)
+    return read_metrics_jsonl(path) if path.exists() else []
 
 
 def trained_steps(run_dir: Path) -> list[int]:
