@@ -1,8 +1,10 @@
 """A run's checkpoints as its step loop uses them: whether it resumes, what it restores, when it
-saves, and where the policy is exported. Every host holds one and calls it at the same steps.
+saves, and where the policy is exported. Every host holds one and calls it at the same steps
+(under `placement=da` the Ray driver holds it; its trainer hosts write the arrays).
 
-This module only sequences `state.RunCheckpoints` and `export.export_policy`; the loop decides
-nothing about files, and this module nothing about steps.
+This module only sequences `state.RunCheckpoints` and `export.export_policy` and builds each
+checkpoint's `RunProgress`; the transport writes it with its arrays. The loop decides nothing
+about files, and this module nothing about steps.
 """
 
 import dataclasses
