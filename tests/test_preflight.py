@@ -397,7 +397,10 @@ CONFIG_REFUSALS = {
     "group of one": (["dataset.samples_per_prompt=1"], "dataset.samples_per_prompt=1"),
     "infinite learning rate": (["algo.learning_rate=inf"], "algo.learning_rate=inf"),
     "greedy training": (["rollout.temperature=0"], "rollout.temperature=0.0"),
-    "unknown key": (["unknown_key=1"], "valid keys of the root are algo, dataset"),
+    "unknown key": (
+        ["unknown_key=1"],
+        "'unknown_key' is not a config key; the valid keys of the root are algo,",
+    ),
 }
 
 

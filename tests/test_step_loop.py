@@ -70,3 +70,7 @@ def test_records_keep_every_pre_refactor_key(reproduced):
     assert kept | ADDED[name] <= keys, sorted((kept | ADDED[name]) - keys)
     if name != "da_2hosts":  # da's driver records each side's host time under its own key
         assert keys >= MEASURED, sorted(MEASURED - keys)
+    if name == "co_2hosts":  # each host's timings reduced to the slowest host and the mean
+        assert "timing/generation_s_mean" in keys
+        steps = [r for r in records if "eval/accuracy" not in r]  # both hosts' prompts counted
+        assert all(r["rollout/tokens_in"] == 4 * 4 * 5 for r in steps)
