@@ -15,7 +15,7 @@ def write_run(
     step_s,
     *,
     placement: str = "co",
-    hosts: int = 2,
+    hosts: int | None = 2,
     chips_per_host: int = 4,
     levers: bool = True,
     split: float | None = None,
@@ -43,7 +43,8 @@ def write_run(
             "hosts": hosts,
             "chips_per_host": chips_per_host,
             "chip_hour_price_usd": 0.0,
-            "chips": hosts * chips_per_host,
+            # Hydra's file has no `chips`; W&B's resolved config adds it (run.py)
+            **({} if hosts is None else {"chips": hosts * chips_per_host}),
         },
         "dataset": {"kind": dataset, "batches_per_pass": steps // passes, "passes": passes},
         "model": {"name": "qwen3_0_6b"},

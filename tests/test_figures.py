@@ -129,3 +129,13 @@ def test_a_run_directory_reads_as_its_group_records_and_checkpoints(tmp_path):
     assert [r["step"] for r in run.steps] == list(range(6))
     assert [c.step for c in run.checkpoints()] == [1, 3, 5]
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 0
+
+
+def test_a_run_with_hosts_left_to_the_placement_counts_the_chips_it_ran_on(tmp_path):
+    # hardware.hosts: null in Hydra's file: the smallest count the placement needs (co: 1;
+    # da at split 0.5: 2), resolved as the run resolved it
+    write_run(tmp_path / "co", noisy(2.0, steps=4), hosts=None)
+    da = dict(placement="da", split=0.5, levers=False)  # O1 is refused under da
+    write_run(tmp_path / "da", noisy(2.0, steps=4), hosts=None, **da)
+    assert read_run(tmp_path / "co").group == "co, 4 chips"
+    assert read_run(tmp_path / "da").group == "da, 8 chips"

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
+from locoexp.config import Config
 from locoexp.metrics.cost import Checkpoint, checkpoints_from_records
 
 METRICS_FILE = "metrics.jsonl"
@@ -51,7 +53,7 @@ def read_run(run_dir: Path) -> RunRecords:
     return RunRecords(
         run_dir=run_dir,
         placement=str((config.get("placement") or {}).get("kind", "unknown")),
-        chips=count_chips(hardware),
+        chips=count_chips(config),
         chip_hour_price_usd=float(hardware.get("chip_hour_price_usd") or 0.0),
         steps=[r for r in records if EVAL_KEY not in r],
         evals=[r for r in records if EVAL_KEY in r],
@@ -85,11 +87,22 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def count_chips(hardware: dict[str, Any]) -> int:
+def count_chips(config: dict[str, Any]) -> int:
     """`hardware.chips` when the config records it, else hosts x chips per host (as
-    HardwareConfig.chips); 0 (unknown) when the config says neither."""
+    HardwareConfig.chips); with `hardware.hosts: null` (the smallest count the placement needs,
+    resolved at start-up and not in Hydra's file) the typed Config resolves it as the run did;
+    0 (unknown) when the config says neither."""
+    hardware = config.get("hardware") or {}
     if "chips" in hardware:
         return int(hardware["chips"])
-    if "hosts" in hardware and "chips_per_host" in hardware:
-        return int(hardware["hosts"]) * int(hardware["chips_per_host"])
-    return 0
+    if "hosts" not in hardware or "chips_per_host" not in hardware:
+        return 0
+    if hardware["hosts"] is None:
+        return _typed(config).hardware.chips
+    return int(hardware["hosts"]) * int(hardware["chips_per_host"])
+
+
+def _typed(config: dict[str, Any]):
+    """The run's typed Config from its resolved config (dataclasses only: no jax)."""
+    plain = {k: v for k, v in config.items() if k != "hydra"}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
