@@ -13,8 +13,24 @@ from locoexp.errors import ConfigError, require
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
-from locoexp.planner.plan import Plan, Setup, build_plan, capacity_bytes, fits, shared_memory
+from locoexp.planner.plan import (
+    Plan,
+    Setup,
+    build_plan,
+    capacity_bytes,
+    fits,
+    shared_memory,
+    trainer_row_tokens,
+)
 from locoexp.trainer.config import AttentionKind, RematPolicy
+
+# hardware=cpu: micro-batches stop growing at this many tokens per device. A CPU's matmuls reach
+# their rate at a few thousand rows, while every further row costs memory that the machine's
+# other processes share: at Table 1's caps on tiny_qwen (8 rows of 2,560 tokens), one
+# micro-batch of 8 rows compiles to 2.9 GiB of temporaries and its process peaks above 4 GB RSS
+# in the step alone; 2 rows compile to 1.0 GiB, for one extra forward of the decoder body
+# (trainer/micro.py), about 5% of that step's FLOPs (experiments/LOG.md, 2026-12-01).
+CPU_MICRO_BATCH_TOKENS = 8192
 
 
 def valid_tensor_parallel(model: ModelConfig, engine_devices: int) -> list[int]:
@@ -63,6 +79,17 @@ def _largest(low: int, high: int, ok) -> int | None:
     return low
 
 
+def cpu_micro_batch_rows(setup: Setup) -> int:
+    """The most rows per micro-batch worth holding on a shared CPU machine: a power of two of
+    rows holding at most `CPU_MICRO_BATCH_TOKENS` tokens (at least one row); no limit on an
+    accelerator, whose memory is the device's own and a larger micro-batch fills it better."""
+    if not shared_memory(setup.hardware):
+        return 1 << 62
+    row_tokens = trainer_row_tokens(setup.dataset, setup.trainer)
+    rows = max(CPU_MICRO_BATCH_TOKENS // row_tokens, 1)
+    return 1 << (rows.bit_length() - 1)
+
+
 def resolve_plan(setup: Setup) -> Plan:
     """The plan with micro_batch_rows and capacity resolved to the largest values that fit
     (or as given). With shared CPU memory the trainer is sized first, at one sequence per
@@ -76,7 +103,8 @@ def resolve_plan(setup: Setup) -> Plan:
     micro = setup.trainer.micro_batch_rows
     if not micro:
         start = per_replica if fixed else 1
-        candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
+        largest = min(rows, cpu_micro_batch_rows(setup))
+        candidates = [1 << k for k in range(largest.bit_length() - 1, -1, -1)]
         fitting = (
             m for m in candidates if fits(build_plan(setup, micro=m, per_replica=start), hw)[0]
         )
