@@ -1,6 +1,7 @@
 """Resolve the sizes left to the plan, refuse what does not fit, and write the dry-run report.
 
 `resolve_plan` turns `trainer.micro_batch_rows=0` into the most rows per micro-batch that fit
+(on a shared CPU machine, also within `CPU_MICRO_BATCH_ACTIVATIONS_GIB` of activations)
 and `rollout.capacity=0` into the most sequences per engine that fit, balanced over the waves
 that capacity implies (Appendix E: two waves at 8 chips; Table H1: m x DP sequences per wave).
 `check_fit` refuses a TP degree that does not divide the heads or the devices, and a role that
@@ -10,6 +11,7 @@ does not fit, in one sentence that names settings which do fit. It never allocat
 import dataclasses
 
 from locoexp.errors import ConfigError, require
+from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
@@ -20,17 +22,17 @@ from locoexp.planner.plan import (
     capacity_bytes,
     fits,
     shared_memory,
-    trainer_row_tokens,
 )
 from locoexp.trainer.config import AttentionKind, RematPolicy
 
-# hardware=cpu: micro-batches stop growing at this many tokens per device. A CPU's matmuls reach
-# their rate at a few thousand rows, while every further row costs memory that the machine's
-# other processes share: at Table 1's caps on tiny_qwen (8 rows of 2,560 tokens), one
-# micro-batch of 8 rows compiles to 2.9 GiB of temporaries and its process peaks above 4 GB RSS
-# in the step alone; 2 rows compile to 1.0 GiB, for one extra forward of the decoder body
-# (trainer/micro.py), about 5% of that step's FLOPs (experiments/LOG.md, 2026-12-01).
-CPU_MICRO_BATCH_TOKENS = 8192
+# hardware=cpu: a micro-batch stops growing once its activations would pass this. On a CPU a
+# micro-batch of a few thousand tokens already runs its matmuls at full rate, while every further
+# row costs memory that the machine's other processes share: at Table 1's caps on tiny_qwen
+# (8 rows of 2,560 tokens), one micro-batch of 8 rows compiles to 2.9 GiB of temporaries and the
+# train step alone peaks at 4.1 GB RSS; 2 rows compile to 1.0 GiB, for one extra forward of the
+# decoder body (trainer/micro.py), about 5% of that step's FLOPs (experiments/LOG.md,
+# 2026-12-01). Small runs (the default run, W1) stay in one micro-batch.
+CPU_MICRO_BATCH_ACTIVATIONS_GIB = 1.0
 
 
 def valid_tensor_parallel(model: ModelConfig, engine_devices: int) -> list[int]:
@@ -79,15 +81,10 @@ def _largest(low: int, high: int, ok) -> int | None:
     return low
 
 
-def cpu_micro_batch_rows(setup: Setup) -> int:
-    """The most rows per micro-batch worth holding on a shared CPU machine: a power of two of
-    rows holding at most `CPU_MICRO_BATCH_TOKENS` tokens (at least one row); no limit on an
-    accelerator, whose memory is the device's own and a larger micro-batch fills it better."""
-    if not shared_memory(setup.hardware):
-        return 1 << 62
-    row_tokens = trainer_row_tokens(setup.dataset, setup.trainer)
-    rows = max(CPU_MICRO_BATCH_TOKENS // row_tokens, 1)
-    return 1 << (rows.bit_length() - 1)
+def _worth_holding(plan: Plan, hardware: HardwareConfig) -> bool:
+    """On a shared CPU machine, a micro-batch within the activation cap; else any."""
+    cap = CPU_MICRO_BATCH_ACTIVATIONS_GIB * GIB
+    return not shared_memory(hardware) or plan.trainer.activations <= cap
 
 
 def resolve_plan(setup: Setup) -> Plan:
@@ -103,10 +100,12 @@ def resolve_plan(setup: Setup) -> Plan:
     micro = setup.trainer.micro_batch_rows
     if not micro:
         start = per_replica if fixed else 1
-        largest = min(rows, cpu_micro_batch_rows(setup))
-        candidates = [1 << k for k in range(largest.bit_length() - 1, -1, -1)]
+        candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
+        plans = (build_plan(setup, micro=m, per_replica=start) for m in candidates)
         fitting = (
-            m for m in candidates if fits(build_plan(setup, micro=m, per_replica=start), hw)[0]
+            p.trainer_shape.micro_batch_rows
+            for p in plans
+            if fits(p, hw)[0] and _worth_holding(p, hw)
         )
         micro = next(fitting, 1)
     if not fixed:
