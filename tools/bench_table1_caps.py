@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from step_matmuls import (  # this folder (a script's folder is on its path)
@@ -76,16 +77,24 @@ def run_workload(overrides: list[str], run_dir: Path) -> dict:
     """`python run.py` with Table 1's caps; its records, wall time and peak RSS."""
     command = [sys.executable, "run.py", *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
     if result.returncode != 0:
         sys.exit(f"run.py failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak_kb <= before:
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if after.ru_maxrss <= before.ru_maxrss:
         sys.exit("peak RSS not measurable: an earlier child of this process was larger")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
-    return {"records": [r for r in records if "timing/step_s" in r], "peak_rss_gb": peak_kb / 1e6}
+    return {
+        "records": [r for r in records if "timing/step_s" in r],
+        "peak_rss_gb": after.ru_maxrss * 1024 / 1e9,  # ru_maxrss is in KiB on Linux
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
 
 
 def train_floor(overrides: list[str], record: dict, repeats: int) -> dict:
@@ -143,7 +152,12 @@ def print_report(report: dict) -> None:
             f"{s['train']:6.1f} s (+ the rest)" + ("  (compiles)" if i == 0 else "")
         )
     f, s = report["floor"], report["summary"]
-    print(f"  peak RSS of the run: {report['peak_rss_gb']:.2f} GB")
+    print(
+        f"  peak RSS of the run: {report['peak_rss_gb']:.2f} GB; the run took "
+        f"{report['run_wall_s']:.0f} s and {report['run_cpu_s']:.0f} CPU s (imports and compiles "
+        f"included): {report['run_cpu_s'] / report['run_wall_s']:.2f} cores on average of "
+        f"{os.cpu_count()} (less = other processes took the rest)"
+    )
     print(f"\n  train step {f['flops'] / 1e12:.2f} TFLOP at its own shapes:")
     for r in sorted(f["rates"], key=lambda r: -r["step_flops"]):
         print(
@@ -179,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"{load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f} (CPU figures)",
         "overrides": overrides,
         "peak_rss_gb": run["peak_rss_gb"],
+        "run_wall_s": run["wall_s"],
+        "run_cpu_s": run["cpu_s"],
         "floor": floor,
         "summary": summarise(run, floor),
     }
