@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from locoexp.checkpoint.stop import RunStopped
 from locoexp.compose import hydra_message, preflight, to_config
-from locoexp.errors import ConfigError
+from locoexp.errors import ConfigError, RunFailed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -43,6 +43,10 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as error:  # raised after start-up checks that need data (files, vocab)
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunFailed as failed:  # a da host that cannot be replaced died; Ray is stopped
+        command = resume_command(hydra_cfg.runtime.output_dir)
+        print(f"error: {failed}; resume with: {command}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except RunStopped as stopped:  # SIGTERM/SIGINT: the last finished step is checkpointed
         print(resume_line(stopped, hydra_cfg.runtime.output_dir), file=sys.stderr, flush=True)
         # Everything is on disk (checkpoint, records, logger closed); the interpreter's teardown
@@ -51,10 +55,15 @@ def main(cfg: DictConfig) -> None:
         os._exit(stopped.exit_code)
 
 
+def resume_command(run_dir: str) -> str:
+    """This command with its run directory named: it resumes from the last checkpoint."""
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    return shlex.join(["python", "run.py", *args, f"hydra.run.dir={run_dir}"])
+
+
 def resume_line(stopped, run_dir: str) -> str:
     """One line: where the run stopped and the command that resumes it."""
-    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
-    command = shlex.join(["python", "run.py", *args, f"hydra.run.dir={run_dir}"])
+    command = resume_command(run_dir)
     return (
         f"stopped after {stopped.next_step} steps ({signal.Signals(stopped.signal_number).name}); "
         f"checkpoint in {run_dir}/checkpoints; resume with: {command}"

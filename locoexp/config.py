@@ -115,11 +115,6 @@ class Config:
                 f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
             )
         if kind is PlacementKind.da:
-            require(
-                self.resume is not ResumeMode.must,
-                "resume=must with placement=da: da runs do not checkpoint yet (co and "
-                "single_controller do); use resume=auto or placement=co.",
-            )
             self._check_da_split(hosts)
 
     def _check_da_split(self, hosts: int) -> None:
@@ -163,7 +158,8 @@ class Config:
         - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
           group; refused on a TPU slice under co and single_controller, whose coordinator the
           cluster names.
-        - `placement.ray_address`: da only (None elsewhere).
+        - `placement.ray_address`, `placement.rollout_restarts`: da only (their defaults
+          elsewhere).
         - `rollout.release_weights_during_training`: co, single_controller (the engine shares
           the trainer's devices); refused under da."""
         kind = self.placement.kind
@@ -185,6 +181,11 @@ class Config:
         require(
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
+        require(
+            self.placement.rollout_restarts >= 0,
+            f"placement.rollout_restarts={self.placement.rollout_restarts} must be >= 0 (0: a "
+            "dead rollout host ends the run).",
         )
         require(
             not (kind is PlacementKind.da and self.rollout.release_weights_during_training),

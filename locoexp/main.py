@@ -3,11 +3,13 @@
 This is the only module that reads the root `Config`; it hands each builder its own sub-config
 and builds, for every placement, what the one step loop (`locoexp.placement.loop`) runs: the two
 halves of a step, their transport and the loop plan. Under `da` it builds the factories that the
-Ray actors call to build their halves. Start-up order: everything that can refuse a run (memory
-fit, TP vs heads, task files, vocabulary, schedule) is checked before anything is allocated or
-written. With `hardware=cpu` and more than one host (or device per host) the run continues in
-spawned local processes (`locoexp.placement.launch`); on a TPU slice every host runs this same
-function.
+Ray actors call to build their halves. Every placement survives the same way (`RunHooks`:
+checkpoints, resume, a clean stop on SIGTERM/SIGINT, the policy exported); under `da` the driver
+runs the hooks and the transport has the trainer hosts write their shards. Start-up order:
+everything that can refuse a run (memory fit, TP vs heads, task files, vocabulary, schedule) is
+checked before anything is allocated or written. With `hardware=cpu` and more than one host (or
+device per host) the run continues in spawned local processes (`locoexp.placement.launch`); on
+a TPU slice every host runs this same function.
 """
 
 import dataclasses
@@ -224,9 +226,10 @@ def drive_surviving(config, files, hooks, timer, start_time, published) -> dict[
 
 
 class RunHooks:
-    """The loop's `SurvivalHooks` for `co` and `single_controller`: stop agreement across hosts,
-    checkpoints every `checkpoint_every_steps` and at the end, the policy exported at
-    `eval_at_updates` and the end (every host calls; process 0 writes)."""
+    """The loop's `SurvivalHooks`: stop agreement across hosts, checkpoints every
+    `checkpoint_every_steps` and at the end, the policy exported at `eval_at_updates` and the
+    end. Under `co` and `single_controller` every host calls them (process 0 writes); under `da`
+    the driver does, and its transport has the trainer hosts write their shards."""
 
     def __init__(self, config, transport, survival, signals, hosts, tokenizer):
         self.config, self.transport, self.survival = config, transport, survival
@@ -237,11 +240,15 @@ class RunHooks:
         self.earlier_eval_s = restored.eval_total_s if restored else 0.0
 
     def stop_requested(self, step: int) -> int | None:
+        # JAX's preemption notice reaches the processes of a jax.distributed group; the da driver
+        # is in none (its trainer hosts' group is theirs), so only its own signals count there
+        c = self.config
         return stop_agreed(
             self.signals,
             step=step,
             allgather=self.hosts.allgather if self.hosts.count > 1 else None,
-            preemption_sync=self.config.hardware.chip is not ChipKind.cpu,
+            preemption_sync=c.hardware.chip is not ChipKind.cpu
+            and c.placement.kind is not PlacementKind.da,
         )
 
     def saves_after(self, updates: int) -> bool:
@@ -249,22 +256,22 @@ class RunHooks:
 
     def checkpoint(self, updates: int, clock: LoopClock, *, stopping: bool) -> None:
         steps = self.config.steps
-        self.survival.save(
-            self.transport.state(),
+        progress = self.survival.progress(
             updates=updates,
             elapsed_s=clock.elapsed_s(),
             eval_total_s=self.earlier_eval_s + clock.eval_total_s,
             scored=list(self.output.checkpoints) if self.output else [],
             resumed_at_s=self.resumed_at_s,
-            wait=stopping or updates == steps,
         )
+        wait = stopping or updates == steps
+        self.transport.checkpoint(self.survival.checkpoints, progress, wait=wait)
         if updates in self.survival.export_at or updates == steps:
             final = None if updates == steps else updates
             directory = policy_directory(self.survival.run_dir, updates=final)
             self.transport.export(directory, model=self.config.model, tokenizer=self.tokenizer)
 
     def last_checkpoint(self) -> str | None:
-        step = self.survival.checkpoints.latest_step()
+        step = latest_saved_step(self.survival.run_dir)  # from the files: da's trainers save them
         return None if step is None else str(self.survival.checkpoints.directory / str(step))
 
 
@@ -306,13 +313,46 @@ def config_as_dict(config: Config) -> dict[str, Any]:
 
 
 def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
-    """`da`: the Ray driver; the halves run in actors built by the factories below."""
+    """`da`: the Ray driver; the halves run in actors built by `da_factories`. It survives like
+    `run_host` (`RunHooks`): checkpoints and resume (the trainer hosts write and read their
+    shards, the driver the weight version, the ledger and the next batch), a stop signal ends
+    the run after a checkpoint, a finished run trains nothing; a lost rollout host is restarted
+    (`RayActors`), a lost trainer host ends the run with one sentence (`RunFailed`)."""
     start_time = time.perf_counter()
-    layout, hw = layout_of(config), config.hardware
     task = build_checked_task(config)
     schedule = build_schedule(config, len(task.train))
-    settings = build_settings(config, local_devices=hw.devices_per_host)
-    da_layout = DaLayout(
+    run_dir = Path(files.run_dir)
+    survival = open_survival(config, run_dir)
+    try:
+        if survival.completed:
+            return completed_summary(run_dir, steps=config.steps, leader=True)
+        restored = survival.restored
+        ledger = BatchLedger(
+            schedule,
+            [e.id for e in task.train],
+            run_dir / "batches.jsonl",
+            rows=restored.ledger if restored else (),
+        )
+        actors = ray_actors(
+            da_layout(config),
+            **da_factories(config, schedule),
+            freeze_gc=config.opt.freeze_gc,
+            ledger=ledger,
+            run_dir=run_dir,
+        )
+        # signals after ray.init, which installs a SIGTERM handler of its own
+        with actors as transport, StopSignals() as signals:
+            published = transport.restore(restored) if restored else Published(0)
+            driver = HostGroup(index=0, count=1)  # the one process that records and decides
+            hooks = RunHooks(config, transport, survival, signals, driver, task.tokenizer)
+            return drive_surviving(config, files, hooks, StepTimer(), start_time, published)
+    finally:
+        survival.close()
+
+
+def da_layout(config: Config) -> DaLayout:
+    layout, hw = layout_of(config), config.hardware
+    return DaLayout(
         trainer_hosts=layout.trainer_hosts,
         rollout_hosts=layout.rollout_hosts,
         devices_per_host=hw.devices_per_host,
@@ -320,7 +360,13 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         ray_address=config.placement.ray_address,
         coordinator_port=hw.coordinator_port,
         bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
+        rollout_restarts=config.placement.rollout_restarts,
     )
+
+
+def da_factories(config: Config, schedule: PromptSchedule) -> dict[str, Any]:
+    """What the Ray actors call to build their halves (shipped to them by Ray)."""
+    settings = build_settings(config, local_devices=config.hardware.devices_per_host)
     build_rollout = functools.partial(
         build_actor_rollout_half,
         model=config.model,
@@ -337,17 +383,7 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         sampler_dtype=config.rollout.param_dtype or config.model.param_dtype,
         settings=settings,
     )
-    with files.open(config.logger, steps=config.steps, leader=True) as output:
-        ledger = BatchLedger(schedule, [e.id for e in task.train], output.run_dir / "batches.jsonl")
-        with ray_actors(
-            da_layout,
-            build_rollout=build_rollout,
-            build_trainer=build_trainer,
-            freeze_gc=config.opt.freeze_gc,
-            ledger=ledger,
-        ) as transport:
-            plan = build_loop_plan(config)
-            return drive(transport, plan, timer=StepTimer(), output=output, start_time=start_time)
+    return dict(build_rollout=build_rollout, build_trainer=build_trainer)
 
 
 def build_loop_plan(config: Config) -> LoopPlan:

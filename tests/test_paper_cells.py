@@ -5,7 +5,6 @@ chips with every valid split (Section 4.4, Table F1), and the scale study's ten 
 TPs on 128 chips (Section 4.1, Table H1), each with the overrides of locoexp/planner/paper.py.
 """
 
-import dataclasses
 import re
 
 import pytest
@@ -16,8 +15,8 @@ from locoexp.main import plan_setup
 from locoexp.planner import check_fit
 from locoexp.planner.paper import (
     WORKAROUNDS,
+    cell_setups,
     da_cells,
-    grouped_by_split,
     paper_cells,
     scale_cells,
 )
@@ -26,18 +25,11 @@ from locoexp.planner.paper import (
 def cell_configs(compose_configs, cells, refused_by_config=None):
     """(label, plan setup) per cell, through the root Config as `run.py` builds it. A split the
     Config refuses goes to `refused_by_config` (label -> message) instead."""
-    grouped = grouped_by_split(cells)
-    bases = list(grouped)
-    jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
-    for base, config in zip(bases, compose_configs(jobs), strict=True):
-        for label, split in grouped[base]:
-            if split is None:
-                yield label, plan_setup(config)
-                continue
-            try:
-                yield label, plan_setup(dataclasses.replace(config, split=split))
-            except ConfigError as error:
-                refused_by_config[label] = str(error)
+    for label, setup in cell_setups(cells, compose_configs=compose_configs, setup_of=plan_setup):
+        if isinstance(setup, ConfigError):
+            refused_by_config[label] = str(setup)
+        else:
+            yield label, setup
 
 
 @pytest.fixture(scope="module")

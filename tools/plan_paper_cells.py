@@ -10,32 +10,13 @@ cell needs beyond the paper's, and the verdict.
 """
 
 import argparse
-import dataclasses
 
 from locoexp.compose import compose_configs
 from locoexp.errors import ConfigError
 from locoexp.main import plan_setup
 from locoexp.planner import check_fit, resolve_plan
 from locoexp.planner.estimate import GIB
-from locoexp.planner.paper import WORKAROUNDS, grouped_by_split, paper_cells
-
-
-def planned_setups(every_split: bool):
-    """(label, plan setup or the root Config's refusal) of every cell, each base composed once.
-    Under `--every-split` the Config refuses the splits whose trainer hosts do not divide the
-    sequences (each trainer host packs an equal share); the paper's splits all plan."""
-    grouped = grouped_by_split(paper_cells(every_split=every_split))
-    bases = list(grouped)
-    jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
-    for base, config in zip(bases, compose_configs(jobs), strict=True):
-        for label, split in grouped[base]:
-            if split is None:
-                yield label, plan_setup(config)
-                continue
-            try:
-                yield label, plan_setup(dataclasses.replace(config, split=split))
-            except ConfigError as error:
-                yield label, error
+from locoexp.planner.paper import WORKAROUNDS, cell_setups, paper_cells
 
 
 def table_row(label: str, setup) -> str:
@@ -65,7 +46,8 @@ def main() -> None:
         "sequences per engine per wave x waves | TP | beyond the paper | verdict |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for label, setup in planned_setups(args.every_split):
+    cells = paper_cells(every_split=args.every_split)
+    for label, setup in cell_setups(cells, compose_configs=compose_configs, setup_of=plan_setup):
         print(table_row(label, setup), flush=True)
 
 

@@ -1,8 +1,10 @@
 """A run's checkpoints as its step loop uses them: whether it resumes, what it restores, when it
-saves, and where the policy is exported. Every host holds one and calls it at the same steps.
+saves, and where the policy is exported. Every host holds one and calls it at the same steps
+(under `placement=da` the Ray driver holds it; its trainer hosts write the arrays).
 
-This module only sequences `state.RunCheckpoints` and `export.export_policy`; the loop decides
-nothing about files, and this module nothing about steps.
+This module only sequences `state.RunCheckpoints` and `export.export_policy` and builds each
+checkpoint's `RunProgress`; the transport writes it with its arrays. The loop decides nothing
+about files, and this module nothing about steps.
 """
 
 import dataclasses
@@ -77,21 +79,20 @@ class RunSurvival:
         every = self.every_steps
         return updates == self.steps or bool(every and updates % every == 0)
 
-    def save(
+    def progress(
         self,
-        arrays: Any,
         *,
         updates: int,
         elapsed_s: float,
         eval_total_s: float,
         scored: list[Checkpoint],
         resumed_at_s: float,
-        wait: bool,
-    ) -> None:
-        """Checkpoint after `updates` steps. `resumed_at_s`: this attempt's clock at its start
-        (the restored checkpoint's elapsed time plus the lost attempt's redone seconds)."""
+    ) -> RunProgress:
+        """The host-side state of a checkpoint after `updates` steps (the transport saves it with
+        its arrays). `resumed_at_s`: this attempt's clock at its start (the restored checkpoint's
+        elapsed time plus the lost attempt's redone seconds)."""
         before = self.restored
-        progress = RunProgress(
+        return RunProgress(
             next_step=updates,
             seed=self.seed,
             elapsed_s=elapsed_s,
@@ -103,7 +104,6 @@ class RunSurvival:
             else before.lost_wall_s + resumed_at_s - before.elapsed_s,
             config_digest=self.digest,
         )
-        self.checkpoints.save(progress, arrays, wait=wait)
 
     def export(self, params, graphdef, model, tokenizer, *, updates: int | None) -> Path | None:
         """The policy as a Hugging Face directory (every host calls; process 0 writes)."""

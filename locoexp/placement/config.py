@@ -14,6 +14,10 @@ class PlacementKind(enum.Enum):
 class PlacementConfig:
     kind: PlacementKind = PlacementKind.co
     ray_address: str | None = None  # placement=da: None = start a local Ray cluster on 127.0.0.1
+    # placement=da: how often Ray restarts each rollout host whose process died (its actor's
+    # `max_restarts`); the driver then regenerates the lost batch. A host that dies once more
+    # ends the run. Trainer hosts are never restarted (their state is the checkpoint's).
+    rollout_restarts: int = 3
 
 
 @dataclasses.dataclass(kw_only=True)

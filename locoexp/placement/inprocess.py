@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.state import RunCheckpoints, RunProgress
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -66,6 +67,10 @@ class InProcess:
     def state(self) -> dict:
         """The trainer's arrays a training-state checkpoint holds (`Trainer.state`)."""
         return self.trainer.trainer.state()
+
+    def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
+        """This host's shards of `state()` and (process 0) `progress`, after its step."""
+        checkpoints.save(progress, self.state(), wait=wait)
 
     def load_state(self, state: dict, *, steps_done: int) -> Published:
         """Continue from a restored `state()` after `steps_done` updates, and publish those

@@ -24,12 +24,14 @@ emission of step t's record (it crosses hosts, and under `da` waits for batch t+
 during step t+1), evaluation wall time kept off the clock, the summary and cost-to-learn. It never
 decides what a phase does, how data moves, or what a run writes (`metrics.run_output` does).
 
-Runs that survive (`co`, `single_controller`; `da` passes no `SurvivalHooks`): a resumed run
-starts at `LoopPlan.start_step` with its clock at the restored elapsed time (`clock_offset_s`,
-App. I.1). After step t (and its evaluation), every host asks the hooks whether a stop signal
-arrived (agreed across hosts) or a checkpoint is due; either flushes step t's record first, then
-the hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved and where is
-`locoexp.checkpoint`'s; the loop only says when.
+Runs that survive (every placement): a resumed run starts at `LoopPlan.start_step` with its
+clock at the restored elapsed time (`clock_offset_s`, App. I.1); under `da` its first batch is
+the one the checkpoint saved, when there is one (the transport hands it over). After step t (and
+its evaluation), every host (the driver under `da`) asks the hooks whether a stop signal arrived
+(agreed across hosts) or a checkpoint is due; either flushes step t's record first, then the
+hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved and where is
+`locoexp.checkpoint`'s and the transport's; the loop only says when. A lost `da` rollout host is
+the transport's to replace; the loop never sees it (only `da/rollout_restarts` in the records).
 """
 
 import dataclasses
@@ -199,9 +201,9 @@ class StepLoop:
 
     def run(self) -> list[dict]:
         try:
-            if self.plan.staleness:
-                self.pending = self.transport.start_rollout(0, self.published)
             first = self.plan.start_step
+            if self.plan.staleness:
+                self.pending = self.transport.start_rollout(first, self.published)
             for step in range(first, self.plan.steps):
                 if step == first + self.plan.warmup_steps and self.plan.freeze_gc:
                     freeze_gc()
@@ -331,4 +333,7 @@ def summarize(records: list[dict], *, staleness: int) -> dict[str, float]:
         summary["overlap_share_median"] = float(
             np.median([r["timing/overlap_share"] for r in steady])
         )
+        restarts = records[-1].get("da/rollout_restarts", 0)  # only a Ray transport restarts
+        if restarts:  # a run without restarts keeps its summary keys (Table 1's runs)
+            summary["da/rollout_restarts"] = float(restarts)
     return summary

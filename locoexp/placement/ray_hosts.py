@@ -5,7 +5,15 @@
 - `TrainerHost` wraps a `TrainerHalf`: the trainer hosts form their own `jax.distributed` group
   (gloo on CPU, coordinator on trainer 0 at `hardware.coordinator_port`, or a free port), fetch
   every rollout host's batch (transfer), train FSDP, and the leader puts one host copy of the new
-  weights into the object store (publication, dpub).
+  weights into the object store (publication, dpub). Each trainer host saves and restores its own
+  shards of the training state (`locoexp.checkpoint.state.RunCheckpoints`, orbax) and exports
+  the policy, when the driver asks.
+
+Lifetimes (issue 13, runs that survive): a rollout host holds nothing that is not rebuilt from
+the config and the published weights, so Ray restarts its actor after its process dies
+(`max_restarts=placement.rollout_restarts`; `__init__` runs again and builds a fresh half); the
+driver then asks it for the lost work again (`ray_transport.py`). A trainer host holds the
+training state, which only a checkpoint restores, so it is never restarted.
 
 The halves come from factories that `locoexp.main` builds and Ray ships to the actors; this module
 never reads a config and never decides the schedule (`loop.py` does). Actors start with
@@ -32,6 +40,8 @@ from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.state import RunCheckpoints, RunProgress
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
 from locoexp.placement.launch import free_port, host_port, initialize_distributed
@@ -51,6 +61,7 @@ class DaLayout:
     ray_address: str | None  # None: a local cluster on 127.0.0.1
     coordinator_port: int  # the trainer group's jax.distributed coordinator; 0 = a free port
     bind_address: str | None  # the interface listening sockets bind to; None: all
+    rollout_restarts: int  # Ray restarts of each rollout host's actor (placement.rollout_restarts)
 
 
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
@@ -96,6 +107,7 @@ class TrainerHost(_Actor):
 
     def __init__(self, *, index: int, hosts: int):
         self.index, self.hosts = index, hosts
+        self.checkpoints: RunCheckpoints | None = None  # opened by the first save or restore
 
     def coordinator_address(self, port: int, bind_address: str | None) -> str:
         """Where the trainer group reaches its coordinator (called on host 0 only): this node's
@@ -130,6 +142,36 @@ class TrainerHost(_Actor):
                 fetched = ray.get(batches)
             result = self.half.train(step, fetched)
         return dataclasses.replace(result, report=side_report(result.report, self.timer, "trainer"))
+
+    def _checkpoints(self, run_dir: str) -> RunCheckpoints:
+        if self.checkpoints is None:  # every trainer host opens it in the same call
+            self.checkpoints = RunCheckpoints(run_dir)
+        return self.checkpoints
+
+    def save_checkpoint(self, run_dir: str, progress: dict, *, wait: bool) -> None:
+        """This host's shards of the training state; the group's process 0 writes `progress`
+        (a `RunProgress` as JSON). Asynchronous unless `wait` (`RunCheckpoints.save`)."""
+        state = self.half.trainer.state()
+        self._checkpoints(run_dir).save(RunProgress.from_json(progress), state, wait=wait)
+
+    def restore_checkpoint(self, run_dir: str, step: int) -> Published | None:
+        """Continue from the checkpoint after `step` updates; the restored weights are published
+        (the leader returns them, versioned `step`)."""
+        trainer = self.half.trainer
+        _, state = self._checkpoints(run_dir).restore(step, trainer.state())
+        trainer.load_state(state, steps_done=step)
+        return self.half.publish(trainer)
+
+    def export_policy(self, directory: str, model, tokenizer) -> None:
+        """The policy as a Hugging Face directory (every trainer host calls; process 0 writes)."""
+        trainer = self.half.trainer
+        export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)
+
+    def close_checkpoints(self) -> None:
+        """Wait for an asynchronous save still being written, before the actor is stopped."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+            self.checkpoints = None
 
 
 def publish_to_object_store(trainer: Trainer, *, one_call: bool, dtype=None) -> Published | None:
@@ -213,9 +255,10 @@ def start_hosts(
         flag = f"--xla_force_host_platform_device_count={layout.devices_per_host}"
         env = {"XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
 
-    def options(bundle: int) -> dict:
+    def options(bundle: int, **restarts) -> dict:
         where = PlacementGroupSchedulingStrategy(hosts.group, placement_group_bundle_index=bundle)
-        return dict(num_cpus=1, runtime_env={"env_vars": env}, scheduling_strategy=where)
+        runtime_env = {"env_vars": env}
+        return dict(num_cpus=1, runtime_env=runtime_env, scheduling_strategy=where, **restarts)
 
     trainer_cls, rollout_cls = ray.remote(TrainerHost), ray.remote(RolloutHost)
     for i in range(layout.trainer_hosts):
@@ -224,9 +267,10 @@ def start_hosts(
         )
     for i in range(layout.rollout_hosts):
         hosts.rollouts.append(
-            rollout_cls.options(**options(layout.trainer_hosts + i)).remote(
-                build_rollout, index=i, hosts=layout.rollout_hosts, freeze=freeze
-            )
+            rollout_cls.options(
+                # Ray reschedules a restarted actor in its placement-group bundle
+                **options(layout.trainer_hosts + i, max_restarts=layout.rollout_restarts)
+            ).remote(build_rollout, index=i, hosts=layout.rollout_hosts, freeze=freeze)
         )
     port = layout.coordinator_port
     bind = layout.bind_address

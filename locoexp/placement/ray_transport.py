@@ -10,11 +10,26 @@ batch trained at that step, trainer-side ones (`transfer`, `pack`, `train`, `pub
 `trainer`) of that step; `timing/step_s` is the driver's period. The driver checks that every
 batch is trained exactly once with the scheduled prompts (`BatchLedger`, `batches.jsonl`).
 Every actor and Ray itself stop when the run ends or fails.
+
+Runs that survive (issue 13):
+- A rollout host whose process dies is restarted by Ray (`ray_hosts.py`); the driver sees the
+  actor's error where it waits for that host's report, waits for the restart and asks it again
+  for the same step with the same `Published` the lost call had (with staleness 1, batch t+1's
+  weights are those after step t-1, not the newest), so the regenerated batch is the lost one
+  (same prompts, sampling key and weights). The ledger records the restart; past the host's
+  budget the run ends with one sentence (`RunFailed`). Evaluation is redone the same way.
+- A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
+  does not wait for its peers, which may be blocked in a collective with it.
+- Checkpoints: each trainer host saves and restores its shards; the driver adds the weight
+  version, the ledger and the already generated next batch (`saved_batches.py`), which a resumed
+  run trains instead of sampling it again (so it continues exactly).
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,19 +37,29 @@ from typing import Any
 import numpy as np
 import ray
 
+from locoexp.checkpoint.state import RunProgress
 from locoexp.dataset.schedule import PromptSchedule
+from locoexp.errors import RunFailed
 from locoexp.metrics.timing import StepTimer
-from locoexp.placement.halves import HalfReport, Published, TrainResult
+from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
 from locoexp.placement.ray_hosts import DaLayout, Hosts, start_hosts, start_ray
+from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
 
 
 class BatchLedger:
-    """Each step's batch must be trained exactly once, with exactly the scheduled prompts."""
+    """Each step's batch must be trained exactly once, with exactly the scheduled prompts; the
+    ledger (`batches.jsonl`) also records each rollout host restart and what was regenerated.
+    `rows`: a resumed run's rows (its checkpoint's); the file is rewritten to them, like
+    `metrics.jsonl` is cut back, so a step redone after a loss appears once."""
 
-    def __init__(self, schedule: PromptSchedule, example_ids: list[int], path: Path):
+    def __init__(self, schedule: PromptSchedule, example_ids: list[int], path: Path, *, rows=()):
         self.schedule, self.example_ids = schedule, example_ids
+        self.rows: list[dict] = []
         self.trained: list[int] = []
-        self._file = path.open("a", encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("w", encoding="utf-8")
+        for row in rows:
+            self._write(dict(row))
 
     def record(self, result: TrainResult) -> None:
         step, trained_ids = result.step, list(result.example_ids)
@@ -44,49 +69,215 @@ class BatchLedger:
                 f"step {step}: trained prompts {sorted(trained_ids)} are not batch {step}'s "
                 f"{sorted(scheduled)} exactly once (already trained: {step in self.trained})"
             )
-        self.trained.append(step)
-        line = {"step": step, "example_ids": trained_ids, "weight_versions": result.versions}
-        self._file.write(json.dumps(line) + "\n")
+        self._write({"step": step, "example_ids": trained_ids, "weight_versions": result.versions})
+
+    def record_restart(self, *, host: int, step: int, regenerated: str, weight_version: int):
+        """Rollout host `host` was restarted while it worked on `regenerated` for step `step`,
+        which it did again with the weights of `weight_version` updates."""
+        row = dict(event=RESTART, host=host, step=step, regenerated=regenerated)
+        self._write({**row, "weight_version": weight_version})
+
+    def restarts(self, host: int | None = None) -> int:
+        """Restarts so far (of rollout host `host`; of every host when None)."""
+        return sum(r.get("event") == RESTART and host in (None, r["host"]) for r in self.rows)
+
+    def _write(self, row: dict) -> None:
+        if "example_ids" in row:
+            self.trained.append(row["step"])
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
 
 
+RESTART = "rollout_restart"  # the ledger row of a restarted rollout host
+
+
+@dataclasses.dataclass(kw_only=True)
+class PendingRollout:
+    """Batch `step` in flight, sampled with `published`: per rollout host, (report, batch) refs.
+    A restarted host's pair is replaced by the regenerated one."""
+
+    step: int
+    published: Published
+    calls: list[tuple[Any, Any]]
+
+
 @dataclasses.dataclass(kw_only=True)
 class RayActors:
     hosts: Hosts
     ledger: BatchLedger
+    run_dir: Path
+    rollout_restarts: int  # placement.rollout_restarts: each rollout host's restart budget
+    # a resumed run's saved next batch, by step: trained without sampling it again
+    restored: dict[int, list[RolloutBatch]] = dataclasses.field(default_factory=dict)
+    latest: PendingRollout | None = None  # the newest batch started (what a checkpoint saves)
+    # restarts per rollout host in this attempt (Ray's budget is per actor; the ledger's rows
+    # also hold an earlier attempt's)
+    restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
-    def start_rollout(self, step: int, published: Published) -> list:
-        """Batch `step` on every rollout host: [(report ref, batch ref)] per host."""
-        return [
-            r.generate.options(num_returns=2).remote(step, published) for r in self.hosts.rollouts
-        ]
+    def start_rollout(self, step: int, published: Published) -> PendingRollout:
+        """Batch `step` on every rollout host (or from a resumed run's checkpoint)."""
+        saved = self.restored.pop(step, None)
+        if saved is None:
+            calls = [self._generate(host, step, published) for host in self._rollout_hosts()]
+        else:
+            calls = [(ray.put(b.report), ray.put(b)) for b in saved]
+        self.latest = PendingRollout(step=step, published=published, calls=calls)
+        return self.latest
 
-    def collect_rollout(self, pending: list, timer: StepTimer | None) -> tuple[list, list]:
+    def _rollout_hosts(self) -> range:
+        return range(len(self.hosts.rollouts))
+
+    def _generate(self, host: int, step: int, published: Published) -> tuple[Any, Any]:
+        return self.hosts.rollouts[host].generate.options(num_returns=2).remote(step, published)
+
+    def collect_rollout(
+        self, pending: PendingRollout, timer: StepTimer | None
+    ) -> tuple[list[HalfReport], list]:
+        """Every host's report of `pending`, and its batch refs for the trainers. A host that
+        died is regenerated on its restarted actor with the same step and `Published` (the
+        same prompts and sampling key; the weights the lost batch was started with)."""
         with timer.phase("trainer_idle") if timer else contextlib.nullcontext():
-            reports: list[HalfReport] = ray.get([report for report, _ in pending])
-        return reports, [batch for _, batch in pending]
+            reports = [self._report(pending, host) for host in range(len(pending.calls))]
+        # A batch ref outlives its actor: the generate call returned (its report is here), so
+        # the batch is owned by this driver and sits in this driver (small) or in the node's
+        # object store (large), neither of which dies with the actor's worker process. Only a
+        # lost node loses it; the trainers' fetch then fails and names the object.
+        return reports, [batch for _, batch in pending.calls]
 
-    def start_train(self, step: int, batches: list, *, carried: dict | None) -> list:
+    def _report(self, pending: PendingRollout, host: int) -> HalfReport:
+        while True:
+            try:
+                return ray.get(pending.calls[host][0])
+            except ray.exceptions.RayActorError as error:
+                version = pending.published.version
+                self._await_restart(host, error, step=pending.step, what="batch", version=version)
+                pending.calls[host] = self._generate(host, pending.step, pending.published)
+
+    def _await_restart(self, host: int, error: Exception, *, step: int, what: str, version: int):
+        """Wait until Ray restarted rollout host `host` (its `__init__` rebuilt the half; the next
+        call loads the `Published` weights it is given) and record that it redoes step `step`'s
+        `what` ("batch" or "evaluation"); a host past its restart budget ends the run."""
+        actor, hosts = self.hosts.rollouts[host], len(self.hosts.rollouts)
+        alive = self.restarted[host] < self.rollout_restarts and wait_restarted(actor)
+        if not alive:
+            raise RunFailed(
+                f"rollout host {host} of {hosts} (a ray::RolloutHost actor) died during step "
+                f"{step}'s {what} with no restarts left (placement.rollout_restarts="
+                f"{self.rollout_restarts}, {self.restarted[host]} used; Ray: "
+                f"{type(error).__name__}); the run stopped: find what kills it (out of memory?) "
+                "or raise placement.rollout_restarts"
+            ) from None
+        self.restarted[host] += 1
+        self.ledger.record_restart(host=host, step=step, regenerated=what, weight_version=version)
+
+    def start_train(self, step: int, batches: list, *, carried: dict | None) -> tuple[int, list]:
         # carried is None: O1 is refused under da (Config._check_placement_keys)
-        return [t.train.remote(step, batches) for t in self.hosts.trainers]
+        return step, [t.train.remote(step, batches) for t in self.hosts.trainers]
 
-    def collect_train(self, pending: list, timer: StepTimer) -> list[TrainResult]:
+    def collect_train(self, pending: tuple[int, list], timer: StepTimer) -> list[TrainResult]:
+        step, refs = pending
         with timer.phase("trainer_round"):
-            results = ray.get(pending)
+            results = self._from_trainers(refs, during=f"step {step}")
         self.ledger.record(results[0])
         return results
 
+    def _from_trainers(self, refs: list, *, during: str) -> list:
+        """Every trainer host's result; a dead trainer host ends the run at once (`RunFailed`),
+        without waiting for its peers (they may wait on it in a collective)."""
+        left = list(refs)
+        while left:
+            ready, left = ray.wait(left, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError:
+                raise RunFailed(trainer_died(refs.index(ready[0]), len(refs), during)) from None
+        return ray.get(refs)
+
     def exchange(self, record: dict) -> list[dict]:
-        return [record]  # the driver already holds every host's report
+        # the driver already holds every host's report; it adds how often rollout hosts restarted
+        return [{**record, "da/rollout_restarts": self.ledger.restarts()}]
 
     def evaluate(self, published: Published, *, limit: int | None) -> float:
-        """Held-out accuracy of `published`, each rollout host scoring its share."""
-        results = ray.get([r.evaluate.remote(published, limit=limit) for r in self.hosts.rollouts])
+        """Held-out accuracy of `published`, each rollout host scoring its share (a restarted
+        host scores its share again)."""
+        results = []
+        for host in self._rollout_hosts():
+            while True:
+                try:
+                    call = self.hosts.rollouts[host].evaluate.remote(published, limit=limit)
+                    results.append(ray.get(call))
+                    break
+                except ray.exceptions.RayActorError as error:
+                    step = published.version - 1  # evaluation after `version` updates
+                    self._await_restart(
+                        host, error, step=step, what="evaluation", version=published.version
+                    )
         correct, scored = np.sum(results, axis=0)
         return float(correct / max(scored, 1))
+
+    def checkpoint(self, checkpoints, progress: RunProgress, *, wait: bool) -> None:
+        """The checkpoint after `progress.next_step` updates: the next batch when it is already
+        generated (`saved_batches`), then every trainer host's shards, the weight version and
+        the ledger (`checkpoints` is the driver's; the trainer hosts write their own)."""
+        updates, latest = progress.next_step, self.latest
+        if latest is not None and latest.step == updates:
+            _, refs = self.collect_rollout(latest, None)
+            save_batches(self.run_dir, updates, ray.get(refs))
+        progress = dataclasses.replace(
+            progress, weight_version=updates, ledger=tuple(self.ledger.rows)
+        )
+        run_dir = str(self.run_dir.resolve())
+        calls = [
+            t.save_checkpoint.remote(run_dir, progress.to_json(), wait=wait)
+            for t in self.hosts.trainers
+        ]
+        self._from_trainers(calls, during=f"the checkpoint after {updates} steps")
+        kept = [int(p.name) for p in checkpoints.directory.glob("*") if p.name.isdigit()]
+        prune_batches(self.run_dir, oldest_kept=min(kept, default=updates))
+
+    def restore(self, progress: RunProgress) -> Published:
+        """Continue from the checkpoint after `progress.next_step` updates: every trainer host
+        restores its shards and the restored weights are published; a saved next batch is
+        trained as it was generated (else it is sampled with the restored weights)."""
+        step, run_dir = progress.next_step, str(self.run_dir.resolve())
+        calls = [t.restore_checkpoint.remote(run_dir, step) for t in self.hosts.trainers]
+        published = self._from_trainers(calls, during=f"the restore of step {step}")[0]
+        saved = load_batches(self.run_dir, step)
+        if saved is not None:
+            self.restored[step] = saved
+        return published
+
+    def export(self, directory: Path, *, model, tokenizer) -> None:
+        """The policy as a Hugging Face directory, written by trainer host 0."""
+        calls = [
+            t.export_policy.remote(str(directory), model, tokenizer) for t in self.hosts.trainers
+        ]
+        self._from_trainers(calls, during=f"the export to {directory}")
+
+
+def wait_restarted(actor) -> bool:
+    """Block until Ray restarted `actor` (True) or gave up on it: its restarts are spent or its
+    `__init__` failed (False). Calls to a restarting actor fail at once (ActorUnavailableError)."""
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote())
+            return True
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(0.2)
+        except ray.exceptions.RayActorError:
+            return False
+
+
+def trainer_died(host: int, hosts: int, during: str) -> str:
+    return (
+        f"trainer host {host} of {hosts} (a ray::TrainerHost actor) died during {during}; "
+        "the run stopped (trainer hosts hold the training state and are not restarted): run "
+        "the same command again to resume from the last checkpoint"
+    )
 
 
 @contextlib.contextmanager
@@ -97,8 +288,11 @@ def ray_actors(
     build_trainer: Callable[..., Any],
     freeze_gc: bool,
     ledger: BatchLedger,
+    run_dir: Path,
 ) -> Iterator[RayActors]:
-    """Start Ray and one actor per host; stop every actor, Ray and the ledger afterwards."""
+    """Start Ray and one actor per host; stop every actor, Ray and the ledger afterwards. A Ray
+    error anywhere while a trainer host is dead (e.g. a rollout host that cannot fetch the
+    weights that host published) is reported as that trainer host's death."""
     hosts = Hosts()
     try:
         start_ray(layout)
@@ -109,10 +303,32 @@ def ray_actors(
             build_trainer=build_trainer,
             freeze=freeze_gc,
         )
-        yield RayActors(hosts=hosts, ledger=ledger)
+        yield RayActors(
+            hosts=hosts, ledger=ledger, run_dir=run_dir, rollout_restarts=layout.rollout_restarts
+        )
+    except ray.exceptions.RayError:
+        dead = dead_trainer(hosts.trainers)
+        if dead is None:
+            raise
+        raise RunFailed(trainer_died(dead, len(hosts.trainers), "the run")) from None
     finally:
         ledger.close()
         try:
             hosts.stop()
         finally:
             ray.shutdown()
+
+
+def dead_trainer(trainers: list, *, probe_s: float = 5.0) -> int | None:
+    """The first trainer host whose actor is dead, or None. A busy host answers after its
+    current call; one that does not answer within `probe_s` counts as alive."""
+    for index, trainer in enumerate(trainers):
+        probe = trainer.__ray_ready__.remote()
+        ready, _ = ray.wait([probe], timeout=probe_s)
+        if not ready:
+            continue
+        try:
+            ray.get(probe)
+        except ray.exceptions.RayActorError:
+            return index
+    return None

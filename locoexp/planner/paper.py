@@ -11,6 +11,11 @@ tools/plan_paper_cells.py plan every one of them).
   itself needed q/k/v remat and freed sampler copies at 405B).
 """
 
+import dataclasses
+from collections.abc import Callable, Iterator
+
+from locoexp.errors import ConfigError
+
 STACK_WORKLOADS = {
     "gsm8k": ["dataset=gsm8k", "model.param_dtype=bfloat16"],
     "numinamath_cot": ["dataset=numinamath_cot"],
@@ -115,6 +120,25 @@ def paper_cells(*, every_split: bool = True) -> list[tuple[str, list[str]]]:
     """Every cell with its overrides (and its workaround overrides, where it needs any)."""
     cells = stack_cells() + da_cells(every_split=every_split) + scale_cells()
     return [(label, overrides + WORKAROUNDS.get(label, [])) for label, overrides in cells]
+
+
+def cell_setups(cells, *, compose_configs: Callable, setup_of: Callable) -> Iterator[tuple]:
+    """(label, plan setup, or the root Config's `ConfigError`) of every cell, each base composed
+    once (`compose_configs(override lists)`, `setup_of(config)`: the caller's composition and
+    plan setup, so this module reads no config). The Config refuses the da splits whose trainer
+    hosts do not divide the sequences (each trainer host packs an equal share)."""
+    grouped = grouped_by_split(cells)
+    bases = list(grouped)
+    jobs = [[*b, "split=0.5"] if "placement=da" in b else list(b) for b in bases]
+    for base, config in zip(bases, compose_configs(jobs), strict=True):
+        for label, split in grouped[base]:
+            if split is None:
+                yield label, setup_of(config)
+                continue
+            try:
+                yield label, setup_of(dataclasses.replace(config, split=split))
+            except ConfigError as error:
+                yield label, error
 
 
 def grouped_by_split(

@@ -1,0 +1,96 @@
+"""What a `placement=da` checkpoint adds beside the trainer's shards, without Ray: the saved next
+batch comes back bit for bit, old batch files are pruned, and the batch ledger of a resumed run is
+the checkpoint's (rewritten, restarts counted), refusing a batch trained twice."""
+
+import json
+
+import numpy as np
+import pytest
+
+from locoexp.compose import compose_config
+from locoexp.dataset.schedule import PromptSchedule
+from locoexp.errors import ConfigError
+from locoexp.placement.halves import HalfReport, RolloutBatch, TrainResult, Window
+from locoexp.placement.ray_transport import BatchLedger
+from locoexp.placement.saved_batches import batch_path, load_batches, prune_batches, save_batches
+
+
+def _batch(step: int, host: int) -> RolloutBatch:
+    rng = np.random.default_rng(10 * step + host)
+    lengths = rng.integers(1, 9, size=4)
+    return RolloutBatch(
+        step=step,
+        weight_version=max(step - 1, 0),
+        example_ids=(2 * host, 2 * host + 1),
+        prompts=tuple(rng.integers(0, 100, size=5).astype(np.int32) for _ in lengths),
+        completions=tuple(rng.integers(0, 100, size=n).astype(np.int32) for n in lengths),
+        behaviour_logprobs=tuple(-rng.random(n).astype(np.float32) for n in lengths),
+        advantages=rng.standard_normal(4).astype(np.float32),
+        report=HalfReport({"rollout/reward_mean": 0.1 * host}, Window(1.5, 2.25)),
+    )
+
+
+def test_a_saved_next_batch_comes_back_exactly(tmp_path):
+    batches = [_batch(3, 0), _batch(3, 1)]
+    save_batches(tmp_path, 3, batches)
+    loaded = load_batches(tmp_path, 3)
+    assert load_batches(tmp_path, 4) is None
+    assert len(loaded) == 2
+    for got, want in zip(loaded, batches, strict=True):
+        assert (got.step, got.weight_version, got.example_ids, got.report) == (
+            want.step,
+            want.weight_version,
+            want.example_ids,
+            want.report,
+        )
+        for name in ("prompts", "completions", "behaviour_logprobs"):
+            for a, b in zip(getattr(got, name), getattr(want, name), strict=True):
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got.advantages, want.advantages)
+
+
+def test_batch_files_older_than_the_oldest_kept_checkpoint_are_removed(tmp_path):
+    for step in (3, 6, 9):
+        save_batches(tmp_path, step, [_batch(step, 0)])
+    prune_batches(tmp_path, oldest_kept=6)
+    assert [batch_path(tmp_path, s).exists() for s in (3, 6, 9)] == [False, True, True]
+
+
+def _result(step: int, schedule: PromptSchedule) -> TrainResult:
+    return TrainResult(
+        step=step,
+        published=None,
+        example_ids=tuple(int(i) for i in schedule.batch(step)),
+        versions=(step,),
+        exchanged=None,
+        report=HalfReport({}, Window(0.0, 1.0)),
+    )
+
+
+def test_a_resumed_ledger_is_the_checkpoints_and_counts_its_restarts(tmp_path):
+    schedule = PromptSchedule(16, 4, seed=0, batches_per_pass=None, passes=1)
+    ids, path = list(range(16)), tmp_path / "batches.jsonl"
+    first = BatchLedger(schedule, ids, path)
+    first.record(_result(0, schedule))
+    first.record_restart(host=1, step=1, regenerated="batch 1", weight_version=0)
+    first.record(_result(1, schedule))
+    kept = list(first.rows)
+    first.record(_result(2, schedule))  # after the checkpoint: lost with the attempt
+    first.close()
+    resumed = BatchLedger(schedule, ids, path, rows=kept)
+    assert (resumed.trained, resumed.restarts(), resumed.restarts(0)) == ([0, 1], 1, 0)
+    with pytest.raises(RuntimeError, match="exactly once"):
+        resumed.record(_result(1, schedule))
+    resumed.record(_result(2, schedule))
+    resumed.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows if "example_ids" in r] == [0, 1, 2]
+    assert [r["event"] for r in rows if "event" in r] == ["rollout_restart"]
+
+
+def test_a_negative_restart_budget_is_refused():
+    base = ["placement=da", "split=0.5", "hardware.hosts=2", "dataset.prompts_per_step=4"]
+    assert compose_config(base).placement.rollout_restarts == 3
+    with pytest.raises(ConfigError, match="placement.rollout_restarts=-1"):
+        compose_config([*base, "placement.rollout_restarts=-1"])

@@ -1,0 +1,215 @@
+"""`placement=da` runs that survive (issue 13), with real Ray actors and processes on CPU (tiny
+model, 2 hosts, split 0.5): a rollout host killed with SIGKILL is restarted and its lost batch
+regenerated, so the run completes every step with the uninterrupted run's losses; a killed
+trainer host ends the run with one sentence and leaves no Ray process; a driver stopped with
+SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses.
+
+Every test looks only at its own processes: Ray's daemons and actors inherit this test's
+`LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here)."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from locoexp.compose import compose_config
+from locoexp.main import run as run_grpo
+from locoexp.metrics.run_records import read_metrics_jsonl
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 10
+RUN = [
+    "placement=da",
+    "split=0.5",
+    "hardware.hosts=2",
+    "logger=none",
+    "eval_every_steps=0",
+    "checkpoint_every_steps=3",
+    "dataset.synthetic.eval_size=8",
+    "dataset.prompts_per_step=4",
+    "dataset.samples_per_prompt=2",
+]
+DEADLINE_S = 240  # one run on a loaded 2-core machine; a run past it fails the test at once
+
+os.environ["LOCOEXP_TEST_OWNER"] = str(os.getpid())
+
+
+def started_here(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.environ().get("LOCOEXP_TEST_OWNER") == str(os.getpid())
+    return False
+
+
+def own_processes(prefix: str | None = None) -> list[psutil.Process]:
+    """This test's Ray processes (actors `ray::...` and the daemons), or those whose command
+    line starts with `prefix`."""
+    found = []
+    for process in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if prefix is None:
+            hit = cmdline.startswith("ray::") or process.info["name"] in ("raylet", "gcs_server")
+        else:
+            hit = cmdline.startswith(prefix)
+        if hit and started_here(process):
+            found.append(process)
+    return found
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    path = run_dir / "batches.jsonl"  # JSON lines like metrics.jsonl (a cut last line skipped)
+    return read_metrics_jsonl(path) if path.exists() else []
+
+
+def trained_steps(run_dir: Path) -> list[int]:
+    return [row["step"] for row in ledger(run_dir) if "example_ids" in row]
+
+
+def steps(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" not in r]
+
+
+def wait_for_trained_step(run_dir: Path, *, alive) -> None:
+    """Until the ledger holds a trained step (polled every 10 ms: the kill lands mid-run)."""
+    start = time.monotonic()
+    while not trained_steps(run_dir):
+        assert alive(), "the run ended before its first step"
+        assert time.monotonic() - start < DEADLINE_S, f"no step within {DEADLINE_S} s"
+        time.sleep(0.01)
+
+
+def assert_same_losses(run_dir: Path, reference: Path) -> None:
+    got, want = steps(run_dir), steps(reference)
+    assert [r["step"] for r in got] == list(range(STEPS))  # every step exactly once
+    for a, b in zip(got, want, strict=True):
+        for key in ("train/loss", "rollout/reward_mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    run_grpo(compose_config([*RUN, f"steps={STEPS}"]), run_dir=run_dir, progress=False)
+    return run_dir
+
+
+def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path, reference):
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_the_rollout_host():
+        hosts = []
+        while not hosts and not done.is_set():  # the actor exists before step 0 is trained
+            hosts = own_processes("ray::RolloutHost")
+            time.sleep(0.05)
+        while not trained_steps(tmp_path) and not done.is_set():
+            time.sleep(0.01)
+        if hosts and not done.is_set():
+            hosts[0].kill()
+            killed.append(hosts[0].pid)
+
+    killer = threading.Thread(target=kill_the_rollout_host, daemon=True)
+    killer.start()
+    try:
+        summary = run_grpo(
+            compose_config([*RUN, f"steps={STEPS}"]), run_dir=tmp_path, progress=False
+        )
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "the run ended before the kill"
+    assert trained_steps(tmp_path) == list(range(STEPS))
+    restarts = [row for row in ledger(tmp_path) if row.get("event") == "rollout_restart"]
+    assert len(restarts) == 1 and restarts[0]["host"] == 0, restarts
+    assert restarts[0]["regenerated"] == "batch" and restarts[0]["step"] >= 1
+    assert summary["da/rollout_restarts"] == 1
+    assert steps(tmp_path)[-1]["da/rollout_restarts"] == 1
+    # the regenerated batch is the lost one: same prompts, sampling key and weights
+    assert_same_losses(tmp_path, reference)
+    assert not own_processes()
+
+
+def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "run.py", *RUN, *extra, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(run: subprocess.Popen, timeout_s: float = DEADLINE_S) -> tuple[str, str]:
+    try:
+        return run.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.communicate()
+        pytest.fail(f"the run did not end within {timeout_s} s")
+
+
+def _no_ray_process_left(wait_s: float = 20.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while (left := own_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [p.cmdline() for p in left if p.is_running()]
+
+
+LOST = {
+    # a trainer host is never restarted; a rollout host without restart budget is not either
+    "trainer": ("ray::TrainerHost", [], "trainer host 0 of 1 (a ray::TrainerHost actor) died"),
+    "rollout, no restarts left": (
+        "ray::RolloutHost",
+        ["placement.rollout_restarts=0"],
+        "rollout host 0 of 1 (a ray::RolloutHost actor) died",
+    ),
+}
+
+
+@pytest.mark.parametrize("lost", LOST)
+def test_a_host_that_is_not_restarted_ends_the_run_with_one_sentence(tmp_path, lost):
+    process, extra, sentence = LOST[lost]
+    run = _start(tmp_path, ["steps=5000", *extra])
+    wait_for_trained_step(tmp_path, alive=lambda: run.poll() is None)
+    killed = own_processes(process)
+    assert len(killed) == 1
+    killed[0].kill()
+    out, err = _finish(run, timeout_s=60)
+    assert run.returncode == 1, err[-3000:]
+    assert "Traceback" not in out + err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert sentence in errors[0], errors[0]
+    assert "resume with: python run.py" in errors[0] and f"hydra.run.dir={tmp_path}" in errors[0]
+    _no_ray_process_left()
+
+
+def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(tmp_path, reference):
+    run_dir, extra = tmp_path / "run", [f"steps={STEPS}"]
+    run = _start(run_dir, extra)
+    wait_for_trained_step(run_dir, alive=lambda: run.poll() is None)
+    sent = time.monotonic()
+    run.send_signal(signal.SIGTERM)  # the driver only: it stops its actors and Ray
+    _, err = _finish(run, timeout_s=60)
+    stop_s = time.monotonic() - sent
+    assert run.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert len([line for line in err.splitlines() if "resume with:" in line]) == 1, err[-3000:]
+    assert stop_s < 5.0, f"the stop took {stop_s:.1f} s (issue 13: within 5 s)"
+    stopped_at = len(steps(run_dir))
+    assert 1 <= stopped_at < STEPS, "the run finished before the stop"
+    assert (run_dir / "da_batches" / f"{stopped_at}.npz").is_file()  # the next batch, saved
+    _no_ray_process_left()
+    resumed = _start(run_dir, [*extra, "resume=must"])
+    _, err = _finish(resumed)
+    assert resumed.returncode == 0, err[-3000:]
+    assert_same_losses(run_dir, reference)
+    assert trained_steps(run_dir) == list(range(STEPS))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["resume/attempts"] == 2
