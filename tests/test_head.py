@@ -1,5 +1,7 @@
 """The fused output head + GRPO loss equals autodiff of the plain formulation."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ from locoexp.algo.grpo import policy_loss
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.trainer.head import HeadLossSpec, head_loss
-from locoexp.trainer.packing import pack_sequences
+from locoexp.trainer.packing import pack_sequences, train_view
 from locoexp.trainer.trainer import head_weight, loss_position_hidden, token_logprobs
 
 
@@ -28,22 +30,9 @@ def _batch(k_pad: int, seed: int = 0):
         row_tokens=16,
         loss_slots=k_pad,
     )
-    arrays = {
-        name: jnp.asarray(getattr(packed, name))
-        for name in (
-            "tokens",
-            "positions",
-            "segment_ids",
-            "loss_index",
-            "loss_targets",
-            "loss_mask",
-            "advantages",
-            "behaviour_logprobs",
-        )
-    }
-    arrays["normalizer"] = jnp.float32(6 * 4)
-    arrays["ref_logprobs"] = jnp.asarray(rng.normal(-3.5, 0.2, size=k_pad).astype(np.float32))
-    return arrays
+    view = train_view(packed, normalizer=6 * 4)
+    ref = rng.normal(-3.5, 0.2, size=k_pad).astype(np.float32)
+    return jax.tree.map(jnp.asarray, dataclasses.replace(view, ref_logprobs=ref))
 
 
 @pytest.mark.parametrize(
@@ -85,15 +74,15 @@ def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef
         return policy_loss(
             logp,
             jax.lax.stop_gradient(logp),
-            batch["advantages"],
-            batch["loss_mask"],
+            batch.advantages,
+            batch.loss_mask,
             aggregation=aggregation,
-            normalizer=batch["normalizer"],
+            normalizer=batch.normalizer,
             clip_eps_low=0.2,
             clip_eps_high=0.28,
             kl_coef=kl_coef,
-            ref_logp=batch["ref_logprobs"],
-            behaviour_logp=batch["behaviour_logprobs"],
+            ref_logp=batch.ref_logprobs,
+            behaviour_logp=batch.behaviour_logprobs,
             tis_cap=2.0,
         )
 

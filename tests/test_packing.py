@@ -12,7 +12,7 @@ from tiny_policy import random_prompts, reference_logprobs, tiny_model
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.trainer.config import TrainerConfig
-from locoexp.trainer.packing import PackedBatch, pack_sequences
+from locoexp.trainer.packing import PackedBatch, TrainBatch, pack_sequences
 from locoexp.trainer.trainer import Trainer
 
 TEMPERATURE = 0.7
@@ -143,3 +143,33 @@ def test_rows_round_up_to_a_power_of_two_per_device(sequences):
 def test_a_sequence_longer_than_a_row_is_refused(sequences):
     with pytest.raises(ValueError, match="does not fit"):
         pack(sequences, row_tokens=12)
+
+
+def test_the_step_takes_a_pytree_of_arrays_and_another_sequence_count_reuses_its_program(
+    sequences, model
+):
+    """`TrainBatch` leaves are all placed arrays (no static metadata: the sequence count travels
+    as the traced normalizer), so a batch of the same shapes with fewer sequences does not
+    recompile the step."""
+    trainer = Trainer(
+        model,
+        AlgoConfig(learning_rate=1e-3),
+        TrainerConfig(logit_chunk_tokens=16),
+        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
+        temperature=TEMPERATURE,
+        max_new_tokens=8,
+    )
+    prompts, completions, behaviour, advantages = sequences
+    shapes = dict(row_tokens=32, agree_rows=lambda rows: 8, loss_slots=128)
+    full = pack_sequences(prompts, completions, behaviour, advantages, **shapes)
+    fewer = pack_sequences(prompts[1:], completions[1:], behaviour[1:], advantages[1:], **shapes)
+    placed = trainer.device_batch(full)
+    assert isinstance(placed, TrainBatch) and placed.ref_logprobs is None
+    leaves = jax.tree.leaves(placed)
+    assert len(leaves) == 9 and all(isinstance(x, jax.Array) for x in leaves)
+    shardings = jax.tree.leaves(trainer.batch_shardings)
+    assert [x.sharding for x in leaves] == shardings
+    assert float(trainer.device_batch(fewer).normalizer) == (N - 1) * 8
+    for batch in (full, fewer):
+        assert np.isfinite(trainer.train_step(batch)["train/loss"])
+    assert trainer._step._cache_size() == 1

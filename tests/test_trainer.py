@@ -17,7 +17,7 @@ from locoexp.algo.grpo import policy_loss
 from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import JaxEngine, SamplingParams
 from locoexp.trainer.config import TrainerConfig
-from locoexp.trainer.packing import PackedBatch, pack_sequences
+from locoexp.trainer.packing import PackedBatch, pack_sequences, train_view
 from locoexp.trainer.trainer import Trainer, token_logprobs
 
 TEMPERATURE = 0.7
@@ -191,10 +191,7 @@ def test_loss_slots_need_not_be_a_multiple_of_the_head_chunk():
         row_tokens=32,
         loss_slots=96,
     )
-    arrays = {
-        name: jnp.asarray(getattr(batch, name))
-        for name in ("tokens", "positions", "segment_ids", "loss_index", "loss_targets")
-    }
+    arrays = jax.tree.map(jnp.asarray, train_view(batch, normalizer=1.0))
     graphdef, params = nnx.split(model, nnx.Param)
 
     def logprobs_with(chunk):

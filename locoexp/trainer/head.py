@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from locoexp.algo.config import LossAggregation
 from locoexp.algo.grpo import loss_denominator, per_token_loss
+from locoexp.trainer.packing import TrainBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,21 +45,23 @@ def _chunked(x: jax.Array, size: int) -> jax.Array:
     return x.reshape(padded // size, size, *x.shape[1:])
 
 
-def head_loss_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
+def head_loss_and_grads(
+    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch
+):
     """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
     k = hidden.shape[0]
     size = min(spec.chunk, k)
     scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
-    mask = batch["loss_mask"].astype(jnp.float32)
-    denominator = loss_denominator(mask, spec.aggregation, batch["normalizer"])
-    per_slot = {
+    mask = batch.loss_mask.astype(jnp.float32)
+    denominator = loss_denominator(mask, spec.aggregation, batch.normalizer)
+    per_slot = {  # the scan's per-chunk inputs
         "mask": mask,
-        "targets": batch["loss_targets"],
-        "advantages": batch["advantages"],
-        "behaviour": batch["behaviour_logprobs"],
+        "targets": batch.loss_targets,
+        "advantages": batch.advantages,
+        "behaviour": batch.behaviour_logprobs,
     }
     if spec.kl_coef > 0:
-        per_slot["ref"] = batch["ref_logprobs"]
+        per_slot["ref"] = batch.ref_logprobs
     per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
     chunks = jax.tree.map(lambda x: _chunked(x, size), {"hidden": hidden, **per_slot})
 
@@ -104,7 +107,7 @@ def head_loss_and_grads(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def head_loss(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: dict):
+def head_loss(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch):
     """(loss, metrics) of the policy given final hidden states at the K loss positions and the
     output-head weight [V, D] (the tied embedding or the transposed lm_head kernel)."""
     loss, metrics, _, _ = head_loss_and_grads(spec, hidden, weight, batch)

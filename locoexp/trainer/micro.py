@@ -27,6 +27,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from locoexp.trainer.packing import PackedRows
+
 Array = jax.Array
 
 
@@ -62,23 +64,23 @@ class MicroLayout:
         return x.reshape(d, n * m, *x.shape[3:])[:, :r].reshape(d * r, *x.shape[3:])
 
 
-HiddenFn = Callable[[object, dict], Array]  # (params, rows of one micro-batch) -> [M, L, D]
+HiddenFn = Callable[[object, PackedRows], Array]  # (params, one micro-batch's rows) -> [M, L, D]
 
 
-def hidden_in_micro_batches(hidden_fn: HiddenFn, params, rows: dict, layout: MicroLayout):
+def hidden_in_micro_batches(hidden_fn: HiddenFn, params, rows: PackedRows, layout: MicroLayout):
     """Final hidden states [R, L, D] of every row, one micro-batch at a time (no residuals)."""
     if layout.count == 1:
         return hidden_fn(params, rows)
-    split = {key: layout.split(value) for key, value in rows.items()}
+    split = jax.tree.map(layout.split, rows)  # each leaf [n, devices * m, L]
     return layout.join(jax.lax.map(lambda mb: hidden_fn(params, mb), split))
 
 
 def accumulate_decoder_grads(
-    hidden_fn: HiddenFn, params, rows: dict, dhidden: Array, layout: MicroLayout
+    hidden_fn: HiddenFn, params, rows: PackedRows, dhidden: Array, layout: MicroLayout
 ):
     """Sum over micro-batches of the decoder's vjp with its share of dLoss/dhidden [R, L, D]:
     the gradient of the loss by `params` through the decoder body (float32 sums)."""
-    split = {key: layout.split(value) for key, value in rows.items()}
+    split = jax.tree.map(layout.split, rows)
 
     def add(total, xs):
         mb, cotangent = xs

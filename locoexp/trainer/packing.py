@@ -7,11 +7,21 @@ K positions are listed flat (`loss_index`), so the output head runs on K tokens,
 
 Row and slot counts are rounded up (`rows_multiple`, powers of two) so a run compiles few
 shapes; hosts agree on the row count per device before training (`agree_rows`).
+
+Two types: `PackedBatch` is one process's host-side result (NumPy arrays plus the sequence
+count); `TrainBatch` is the jitted train step's argument, a registered pytree whose leaves are
+all arrays (the sequence count enters it as the traced `normalizer`, so no leaf is static
+metadata and a changed count does not recompile). This module packs; it never places arrays on
+devices (the trainer does) and never computes a loss.
+
+Shapes: N sequences, R rows, L row tokens, K loss slots.
 """
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
+import jax
 import numpy as np
 
 
@@ -30,6 +40,60 @@ class PackedBatch:
     @property
     def rows(self) -> int:
         return self.tokens.shape[0]
+
+
+class PackedRows(NamedTuple):
+    """The decoder's input: packed rows, each array [R, L] int32 (a pytree; micro-batches split
+    every leaf along rows)."""
+
+    tokens: jax.Array | np.ndarray
+    positions: jax.Array | np.ndarray
+    segment_ids: jax.Array | np.ndarray  # 0 = padding
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainBatch:
+    """The train step's batch as one pytree: the fields of `PackedBatch` over every process
+    (global arrays inside the step, host arrays before placement), no static metadata."""
+
+    tokens: jax.Array | np.ndarray  # [R, L] int32
+    positions: jax.Array | np.ndarray  # [R, L] int32
+    segment_ids: jax.Array | np.ndarray  # [R, L] int32, 0 = padding
+    loss_index: jax.Array | np.ndarray  # [K] int32, flat index into the global [R, L] rows
+    loss_targets: jax.Array | np.ndarray  # [K] int32
+    loss_mask: jax.Array | np.ndarray  # [K] float32
+    advantages: jax.Array | np.ndarray  # [K] float32
+    behaviour_logprobs: jax.Array | np.ndarray  # [K] float32
+    # [] float32: sequences x max_new_tokens over all processes, the `constant` aggregation's
+    # divisor (Dr. GRPO); traced, so a batch with another sequence count reuses the program
+    normalizer: jax.Array | np.ndarray
+    # [K] float32: the KL reference's log-probs, filled inside the step when the loss has a KL
+    # term; None (an empty subtree) otherwise
+    ref_logprobs: jax.Array | np.ndarray | None = None
+
+    @property
+    def rows(self) -> PackedRows:
+        return PackedRows(self.tokens, self.positions, self.segment_ids)
+
+
+ROW_FIELDS = PackedRows._fields  # TrainBatch's fields of shape [R, L]; the others are [K] or []
+
+
+def train_view(batch: PackedBatch, *, normalizer: float, index_offset: int = 0) -> TrainBatch:
+    """This process's part of the step's `TrainBatch` (host arrays): `index_offset` is where its
+    rows start in the global flat [R, L] layout (process p of equal shares: p * R * L)."""
+    return TrainBatch(
+        tokens=batch.tokens,
+        positions=batch.positions,
+        segment_ids=batch.segment_ids,
+        loss_index=batch.loss_index + np.int32(index_offset),
+        loss_targets=batch.loss_targets,
+        loss_mask=batch.loss_mask,
+        advantages=batch.advantages,
+        behaviour_logprobs=batch.behaviour_logprobs,
+        normalizer=np.float32(normalizer),
+    )
 
 
 def _next_power_of_two(value: int) -> int:
@@ -53,6 +117,57 @@ def count_rows(sequence_lengths: np.ndarray, row_tokens: int) -> list[list[int]]
     return rows
 
 
+def _empty_batch(rows: int, row_tokens: int, slots: int, *, num_sequences: int) -> PackedBatch:
+    """Zeroed arrays: segment 0 and loss mask 0 mark padding rows, tokens and slots."""
+
+    def grid():
+        return np.zeros((rows, row_tokens), np.int32)
+
+    def flat(dtype):
+        return np.zeros(slots, dtype)
+
+    return PackedBatch(
+        tokens=grid(),
+        positions=grid(),
+        segment_ids=grid(),
+        loss_index=flat(np.int32),
+        loss_targets=flat(np.int32),
+        loss_mask=flat(np.float32),
+        advantages=flat(np.float32),
+        behaviour_logprobs=flat(np.float32),
+        num_sequences=num_sequences,
+    )
+
+
+def _place_sequence(
+    batch: PackedBatch,
+    *,
+    row: int,
+    offset: int,
+    segment: int,
+    slot: int,
+    prompt: np.ndarray,
+    completion: np.ndarray,
+    behaviour_logprobs: np.ndarray,
+    advantage: float,
+) -> int:
+    """Write one sequence into row `row` at `offset` and its completion tokens into the loss
+    slots from `slot` on (filling a freshly built batch in place); returns the next free slot."""
+    sequence = np.concatenate([prompt, completion])
+    end, c, width = offset + len(sequence), len(completion), batch.tokens.shape[1]
+    batch.tokens[row, offset:end] = sequence
+    batch.positions[row, offset:end] = np.arange(len(sequence))
+    batch.segment_ids[row, offset:end] = segment
+    loss = slice(slot, slot + c)
+    # position offset + len(prompt) - 1 + j predicts completion token j
+    batch.loss_index[loss] = row * width + offset + len(prompt) - 1 + np.arange(c)
+    batch.loss_targets[loss] = completion
+    batch.loss_mask[loss] = 1.0
+    batch.advantages[loss] = advantage
+    batch.behaviour_logprobs[loss] = behaviour_logprobs[:c]
+    return slot + c
+
+
 def pack_sequences(
     prompts: list[np.ndarray],
     completions: list[np.ndarray],
@@ -73,46 +188,25 @@ def pack_sequences(
         raise ValueError(f"a sequence of {lengths.max()} tokens does not fit rows of {row_tokens}")
     bins = count_rows(lengths, row_tokens)
     per_device = _next_power_of_two(-(-agree_rows(len(bins)) // rows_multiple))
-    num_rows = per_device * rows_multiple
     total_completion = int(sum(len(c) for c in completions))
     slots = loss_slots or _next_power_of_two(max(total_completion, 1))
     if total_completion > slots:
         raise ValueError(f"{total_completion} completion tokens exceed {slots} loss slots")
-    tokens = np.zeros((num_rows, row_tokens), np.int32)
-    positions = np.zeros((num_rows, row_tokens), np.int32)
-    segments = np.zeros((num_rows, row_tokens), np.int32)
-    loss_index = np.zeros(slots, np.int32)
-    loss_targets = np.zeros(slots, np.int32)
-    loss_mask = np.zeros(slots, np.float32)
-    loss_adv = np.zeros(slots, np.float32)
-    loss_behaviour = np.zeros(slots, np.float32)
-    k = 0
-    for r, members in enumerate(bins):
+    batch = _empty_batch(per_device * rows_multiple, row_tokens, slots, num_sequences=len(prompts))
+    slot = 0
+    for row, members in enumerate(bins):
         offset = 0
         for segment, n in enumerate(members, start=1):
-            prompt, completion = prompts[n], completions[n]
-            sequence = np.concatenate([prompt, completion])
-            end = offset + len(sequence)
-            tokens[r, offset:end] = sequence
-            positions[r, offset:end] = np.arange(len(sequence))
-            segments[r, offset:end] = segment
-            c = len(completion)
-            # position offset + len(prompt) - 1 + j predicts completion token j
-            loss_index[k : k + c] = r * row_tokens + offset + len(prompt) - 1 + np.arange(c)
-            loss_targets[k : k + c] = completion
-            loss_mask[k : k + c] = 1.0
-            loss_adv[k : k + c] = advantages[n]
-            loss_behaviour[k : k + c] = behaviour_logprobs[n][:c]
-            k += c
-            offset = end
-    return PackedBatch(
-        tokens=tokens,
-        positions=positions,
-        segment_ids=segments,
-        loss_index=loss_index,
-        loss_targets=loss_targets,
-        loss_mask=loss_mask,
-        advantages=loss_adv,
-        behaviour_logprobs=loss_behaviour,
-        num_sequences=len(prompts),
-    )
+            slot = _place_sequence(
+                batch,
+                row=row,
+                offset=offset,
+                segment=segment,
+                slot=slot,
+                prompt=prompts[n],
+                completion=completions[n],
+                behaviour_logprobs=behaviour_logprobs[n],
+                advantage=advantages[n],
+            )
+            offset += int(lengths[n])
+    return batch

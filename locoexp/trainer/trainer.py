@@ -2,13 +2,16 @@
 
 The trainer holds the policy parameters and optimizer state sharded over a mesh axis `fsdp`
 (each parameter split along its largest dimension that the device count divides), takes a
-`PackedBatch` and returns scalar metrics. Memory knobs (`TrainerConfig`): the attention kernel,
+`PackedBatch`, places it as the step's pytree `TrainBatch` (rows and loss slots split over
+`fsdp`) and returns scalar metrics. Memory knobs (`TrainerConfig`): the attention kernel,
 per-block rematerialisation and micro-batches with gradient accumulation (`trainer/micro.py`).
 It never generates and never knows about placement; `params` is what weight publication hands
 to the engines.
 
 Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +28,7 @@ from locoexp.model.transformer import Transformer
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 from locoexp.trainer.head import HeadLossSpec, head_loss, head_loss_and_grads
 from locoexp.trainer.micro import MicroLayout, accumulate_decoder_grads, hidden_in_micro_batches
-from locoexp.trainer.packing import PackedBatch
+from locoexp.trainer.packing import ROW_FIELDS, PackedBatch, PackedRows, TrainBatch, train_view
 
 
 def fsdp_spec(shape: tuple[int, ...], devices: int) -> PS:
@@ -50,21 +53,18 @@ def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
     return adamw
 
 
-ROW_KEYS = ("tokens", "positions", "segment_ids")  # the batch arrays of shape [R, L]
 BLOCKWISE = AttentionSpec(kind=AttentionKind.blockwise)
 
 
 def row_hidden(
     model: Transformer,
-    rows: dict,
+    rows: PackedRows,
     *,
     attention: AttentionSpec = BLOCKWISE,
     remat: RematPolicy = RematPolicy.none,
 ) -> jax.Array:
     """Final hidden states [R, L, D] of packed rows (tokens, positions, segment_ids [R, L])."""
-    return model.packed_hidden(
-        rows["tokens"], rows["positions"], rows["segment_ids"], attention=attention, remat=remat
-    )
+    return model.packed_hidden(*rows, attention=attention, remat=remat)
 
 
 def at_loss_positions(hidden: jax.Array, loss_index: jax.Array) -> jax.Array:
@@ -72,9 +72,9 @@ def at_loss_positions(hidden: jax.Array, loss_index: jax.Array) -> jax.Array:
     return hidden.reshape(-1, hidden.shape[-1])[loss_index]
 
 
-def loss_position_hidden(model: Transformer, batch: dict, **forward) -> jax.Array:
+def loss_position_hidden(model: Transformer, batch: TrainBatch, **forward) -> jax.Array:
     """Final hidden states [K, D] at the positions that predict the loss targets."""
-    return at_loss_positions(row_hidden(model, batch, **forward), batch["loss_index"])
+    return at_loss_positions(row_hidden(model, batch.rows, **forward), batch.loss_index)
 
 
 def head_weight(model: Transformer) -> jax.Array:
@@ -84,11 +84,13 @@ def head_weight(model: Transformer) -> jax.Array:
     return model.lm_head.kernel[...].T
 
 
-def token_logprobs(model: Transformer, batch: dict, *, temperature: float, chunk: int) -> jax.Array:
+def token_logprobs(
+    model: Transformer, batch: TrainBatch, *, temperature: float, chunk: int
+) -> jax.Array:
     """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks
     (a forward pass: the train step differentiates through `head_loss` instead)."""
     hidden = loss_position_hidden(model, batch)
-    return head_logprobs(model, hidden, batch["loss_targets"], temperature=temperature, chunk=chunk)
+    return head_logprobs(model, hidden, batch.loss_targets, temperature=temperature, chunk=chunk)
 
 
 def head_logprobs(
@@ -113,6 +115,24 @@ def head_logprobs(
         targets = jnp.concatenate([targets, jnp.broadcast_to(targets[:1], (padded - k,))])
     chunks = (hidden.reshape(padded // size, size, -1), targets.reshape(padded // size, size))
     return jax.lax.map(chunk_logprobs, chunks).reshape(padded)[:k]
+
+
+def batch_shardings(mesh: Mesh) -> TrainBatch:
+    """Where each leaf of the step's `TrainBatch` lives: rows [R, L] and loss slots [K] split
+    over `fsdp` along their first axis, the normalizer on every device."""
+
+    def split(ndim: int) -> NamedSharding:
+        return NamedSharding(mesh, PS("fsdp", *([None] * (ndim - 1))))
+
+    return TrainBatch(
+        **{name: split(2) for name in ROW_FIELDS},
+        loss_index=split(1),
+        loss_targets=split(1),
+        loss_mask=split(1),
+        advantages=split(1),
+        behaviour_logprobs=split(1),
+        normalizer=NamedSharding(mesh, PS()),
+    )
 
 
 class Trainer:
@@ -167,6 +187,7 @@ class Trainer:
         self.attention = AttentionSpec(
             kind=config.attention, block_tokens=config.attention_block_tokens
         )
+        self.batch_shardings = batch_shardings(mesh)
         self.steps_done = 0
         self._step = jax.jit(
             self._train_step,
@@ -184,95 +205,84 @@ class Trainer:
         """This process's trainer devices: its packed rows are split over them."""
         return sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
 
-    def _rows_sharding(self, ndim: int) -> NamedSharding:
-        return NamedSharding(self.mesh, PS("fsdp", *([None] * (ndim - 1))))
-
-    def device_batch(self, batch: PackedBatch) -> dict:
-        """Assemble the global batch from every process's packed rows (rows and loss slots split
-        over fsdp). Every process must pass the same number of rows and slots; process p's rows
-        are global rows [p * R, (p + 1) * R), so its flat loss indices shift by p * R * L."""
+    def device_batch(self, batch: PackedBatch) -> TrainBatch:
+        """Assemble the global `TrainBatch` from every process's packed rows (rows and loss slots
+        split over fsdp, `batch_shardings`). Every process must pass the same number of rows and
+        slots; process p's rows are global rows [p * R, (p + 1) * R), so its flat loss indices
+        shift by p * R * L."""
         processes, index = jax.process_count(), jax.process_index()
         rows, row_tokens = batch.tokens.shape
-        arrays = {
-            "tokens": batch.tokens,
-            "positions": batch.positions,
-            "segment_ids": batch.segment_ids,
-            "loss_index": batch.loss_index + np.int32(index * rows * row_tokens),
-            "loss_targets": batch.loss_targets,
-            "loss_mask": batch.loss_mask,
-            "advantages": batch.advantages,
-            "behaviour_logprobs": batch.behaviour_logprobs,
-        }
-        placed = {
-            k: jax.make_array_from_process_local_data(
-                self._rows_sharding(v.ndim), v, (v.shape[0] * processes, *v.shape[1:])
-            )
-            for k, v in arrays.items()
-        }
-        placed["normalizer"] = jnp.float32(batch.num_sequences * processes * self.max_new_tokens)
-        return placed
+        local = train_view(
+            batch,
+            normalizer=batch.num_sequences * processes * self.max_new_tokens,
+            index_offset=index * rows * row_tokens,
+        )
 
-    def _layout(self, batch: dict) -> MicroLayout:
-        return MicroLayout.of(batch["tokens"].shape[0], self.devices, self.config.micro_batch_rows)
+        def place(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+            split = len(sharding.spec) > 0  # split along rows / slots; else the same everywhere
+            shape = (x.shape[0] * processes, *x.shape[1:]) if split else x.shape
+            return jax.make_array_from_process_local_data(sharding, x, shape)
 
-    def _hidden_fn(self, params, rows: dict) -> jax.Array:
+        return jax.tree.map(place, local, self.batch_shardings)
+
+    def _layout(self, batch: TrainBatch) -> MicroLayout:
+        return MicroLayout.of(batch.tokens.shape[0], self.devices, self.config.micro_batch_rows)
+
+    def _hidden_fn(self, params, rows: PackedRows) -> jax.Array:
         """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat."""
         model = nnx.merge(self.graphdef, params)
         return row_hidden(model, rows, attention=self.attention, remat=self.config.remat)
 
-    def _loss_hidden(self, params, batch: dict) -> jax.Array:
+    def _loss_hidden(self, params, batch: TrainBatch) -> jax.Array:
         """Hidden states [K, D] at the loss positions, micro-batch by micro-batch (forward only)."""
-        rows = {key: batch[key] for key in ROW_KEYS}
-        hidden = hidden_in_micro_batches(self._hidden_fn, params, rows, self._layout(batch))
-        return at_loss_positions(hidden, batch["loss_index"])
+        hidden = hidden_in_micro_batches(self._hidden_fn, params, batch.rows, self._layout(batch))
+        return at_loss_positions(hidden, batch.loss_index)
 
-    def _logprobs_fn(self, params, batch):
+    def _logprobs_fn(self, params, batch: TrainBatch):
         model = nnx.merge(self.graphdef, params)
         return head_logprobs(
             model,
             self._loss_hidden(params, batch),
-            batch["loss_targets"],
+            batch.loss_targets,
             temperature=self.temperature,
             chunk=self.config.logit_chunk_tokens,
         )
 
-    def _one_shot_grads(self, params, batch):
+    def _one_shot_grads(self, params, batch: TrainBatch):
         """Loss, metrics and gradients with every row's activations alive at once."""
 
         def loss_fn(p):
-            hidden = at_loss_positions(self._hidden_fn(p, batch), batch["loss_index"])
+            hidden = at_loss_positions(self._hidden_fn(p, batch.rows), batch.loss_index)
             weight = head_weight(nnx.merge(self.graphdef, p))
             return head_loss(self.loss_spec, hidden, weight, batch)
 
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
-    def _accumulated_grads(self, params, batch, layout: MicroLayout):
+    def _accumulated_grads(self, params, batch: TrainBatch, layout: MicroLayout):
         """The same loss, metrics and gradients, one micro-batch's activations at a time
         (`trainer/micro.py`): the head runs once over all K loss positions."""
-        rows = {key: batch[key] for key in ROW_KEYS}
+        rows = batch.rows
         hidden = hidden_in_micro_batches(self._hidden_fn, params, rows, layout)  # [R, L, D]
         flat = hidden.reshape(-1, hidden.shape[-1])
         weight, weight_vjp = jax.vjp(lambda p: head_weight(nnx.merge(self.graphdef, p)), params)
-        hidden_k = flat[batch["loss_index"]]
+        hidden_k = flat[batch.loss_index]
         loss, metrics, dh, dweight = head_loss_and_grads(self.loss_spec, hidden_k, weight, batch)
-        dhidden = jnp.zeros_like(flat).at[batch["loss_index"]].add(dh).reshape(hidden.shape)
+        dhidden = jnp.zeros_like(flat).at[batch.loss_index].add(dh).reshape(hidden.shape)
         grads = accumulate_decoder_grads(self._hidden_fn, params, rows, dhidden, layout)
         (head_grads,) = weight_vjp(dweight)
         grads = jax.tree.map(lambda g, h, p: (g + h).astype(p.dtype), grads, head_grads, params)
         return (loss, metrics), grads
 
-    def _loss_and_grads(self, params, batch, reference):
+    def _loss_and_grads(self, params, batch: TrainBatch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
-            batch = {
-                **batch,
-                "ref_logprobs": jax.lax.stop_gradient(self._logprobs_fn(reference, batch)),
-            }
+            ref_logprobs = jax.lax.stop_gradient(self._logprobs_fn(reference, batch))
+            batch = dataclasses.replace(batch, ref_logprobs=ref_logprobs)
         layout = self._layout(batch)
         if layout.count == 1:
             return self._one_shot_grads(params, batch)
         return self._accumulated_grads(params, batch, layout)
 
-    def _train_step(self, params, opt_state, batch, reference):
+    def _train_step(self, params, opt_state, batch: TrainBatch, reference):
         (loss, metrics), grads = self._loss_and_grads(params, batch, reference)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
