@@ -336,3 +336,30 @@ def test_dry_run_plan_names_hosts_devices_memory_waves_and_parameters():
 def test_default_tiny_run_fits_this_machine():
     hardware = HardwareConfig(hosts=1)
     check_fit(setup(TINY, hardware, DatasetConfig()))
+
+
+def test_cpu_micro_batches_stop_at_the_activation_cap_and_accelerators_take_the_most_that_fit():
+    # Table 1's GSM8K caps at 2 prompts x 4: 8 rows of 2,560 tokens on one device
+    table1 = DatasetConfig(
+        prompts_per_step=2, samples_per_prompt=4, max_prompt_tokens=512, max_new_tokens=2048
+    )
+    model = load_model_option("tiny_qwen")
+    shared = fit.resolve_plan(setup(model, HardwareConfig(hosts=1), table1)).trainer_shape
+    assert (shared.rows, shared.row_tokens) == (8, 2560)
+    cap = fit.CPU_MICRO_BATCH_ACTIVATIONS_GIB * estimate.GIB
+    assert shared.micro_batch_rows == 2  # 0.57 GiB of activations; 4 rows: 1.14 GiB
+    assert shared.micro_batches == 4
+    assert (
+        fit.resolve_plan(setup(model, HardwareConfig(hosts=1), table1)).trainer.activations <= cap
+    )
+    own = fit.resolve_plan(setup(model, cpu(1, gib=64.0), table1)).trainer_shape
+    assert own.micro_batch_rows == 8  # a device's own memory: the most that fit
+    longest = dataclasses.replace(table1, max_prompt_tokens=15360, max_new_tokens=1024)
+    one = fit.resolve_plan(setup(model, HardwareConfig(hosts=1), longest)).trainer_shape
+    assert one.micro_batch_rows == 1  # a row over the cap still runs, one at a time
+    assert (
+        fit.resolve_plan(
+            setup(TINY, HardwareConfig(hosts=1), DatasetConfig())
+        ).trainer_shape.micro_batches
+        == 1
+    )  # the default run

@@ -1,6 +1,7 @@
 """Resolve the sizes left to the plan, refuse what does not fit, and write the dry-run report.
 
 `resolve_plan` turns `trainer.micro_batch_rows=0` into the most rows per micro-batch that fit
+(on a shared CPU machine, also within `CPU_MICRO_BATCH_ACTIVATIONS_GIB` of activations)
 and `rollout.capacity=0` into the most sequences per engine that fit, balanced over the waves
 that capacity implies (Appendix E: two waves at 8 chips; Table H1: m x DP sequences per wave).
 `check_fit` refuses a TP degree that does not divide the heads or the devices, and a role that
@@ -10,11 +11,28 @@ does not fit, in one sentence that names settings which do fit. It never allocat
 import dataclasses
 
 from locoexp.errors import ConfigError, require
+from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
-from locoexp.planner.plan import Plan, Setup, build_plan, capacity_bytes, fits, shared_memory
+from locoexp.planner.plan import (
+    Plan,
+    Setup,
+    build_plan,
+    capacity_bytes,
+    fits,
+    shared_memory,
+)
 from locoexp.trainer.config import AttentionKind, RematPolicy
+
+# hardware=cpu: a micro-batch stops growing once its activations would pass this. On a CPU a
+# micro-batch of a few thousand tokens already runs its matmuls at full rate, while every further
+# row costs memory that the machine's other processes share: at Table 1's caps on tiny_qwen
+# (8 rows of 2,560 tokens), one micro-batch of 8 rows compiles to 2.9 GiB of temporaries and the
+# train step alone peaks at 4.1 GB RSS; 2 rows compile to 1.0 GiB, for one extra forward of the
+# decoder body (trainer/micro.py), about 5% of that step's FLOPs (experiments/LOG.md,
+# 2026-12-01). Small runs (the default run, W1) stay in one micro-batch.
+CPU_MICRO_BATCH_ACTIVATIONS_GIB = 1.0
 
 
 def valid_tensor_parallel(model: ModelConfig, engine_devices: int) -> list[int]:
@@ -63,6 +81,12 @@ def _largest(low: int, high: int, ok) -> int | None:
     return low
 
 
+def _worth_holding(plan: Plan, hardware: HardwareConfig) -> bool:
+    """On a shared CPU machine, a micro-batch within the activation cap; else any."""
+    cap = CPU_MICRO_BATCH_ACTIVATIONS_GIB * GIB
+    return not shared_memory(hardware) or plan.trainer.activations <= cap
+
+
 def resolve_plan(setup: Setup) -> Plan:
     """The plan with micro_batch_rows and capacity resolved to the largest values that fit
     (or as given). With shared CPU memory the trainer is sized first, at one sequence per
@@ -77,8 +101,11 @@ def resolve_plan(setup: Setup) -> Plan:
     if not micro:
         start = per_replica if fixed else 1
         candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
+        plans = (build_plan(setup, micro=m, per_replica=start) for m in candidates)
         fitting = (
-            m for m in candidates if fits(build_plan(setup, micro=m, per_replica=start), hw)[0]
+            p.trainer_shape.micro_batch_rows
+            for p in plans
+            if fits(p, hw)[0] and _worth_holding(p, hw)
         )
         micro = next(fitting, 1)
     if not fixed:

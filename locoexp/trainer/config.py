@@ -43,8 +43,9 @@ class TrainerConfig:
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
     # and the batch still gets one optimizer update (the paper's one update per batch).
-    # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up (a
-    # Trainer built directly with 0 runs all rows at once).
+    # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up, on a
+    # shared CPU machine within 1 GiB of activations per micro-batch (planner/fit.py); a
+    # Trainer built directly with 0 runs all rows at once.
     micro_batch_rows: int = 0
 
     def __post_init__(self):

@@ -1,0 +1,208 @@
+"""Table 1's GSM8K step at the paper's caps on this machine: step time, phases, peak RSS, floor.
+
+    python tools/bench_table1_caps.py [--steps 2] [--repeats 5] [--json PATH] [OVERRIDE ...]
+
+Issue 11's "must show": `model=tiny_qwen dataset=gsm8k` at Table 1's caps (512 prompt / 2,048
+new tokens, forced: `rollout.ignore_eos=true`), 2 prompts x 4 samples, run as a user runs it
+(`python run.py ...` in a child process, `logger=none`, the local GSM8K rows under
+../shared/data/gsm8k). Extra Hydra overrides (e.g. `trainer.micro_batch_rows=8`) go after the
+flags. It reports:
+
+1. the run's records (metrics.jsonl): step time and its generation / train split, per step;
+2. the run's peak RSS: the child's maximum resident set (`getrusage(RUSAGE_CHILDREN)`, which
+   covers the largest waited-for descendant; `co` runs in that one process);
+3. the train phase's floor: the FLOPs of its forward + backward at the step's own shapes (the
+   body over R packed rows x L tokens, causal attention within each packed sequence, the fused
+   output head over the K loss slots in chunks of C; `tools/step_matmuls.py`) divided, matmul by
+   matmul, by the best rate XLA or NumPy reaches at that matmul's shape here, measured in this
+   process after the run (so the run and the rates see the same machine); next to it the
+   floor at the best square-matmul rate. Attention counts the causal half at each sequence's
+   real length (prompt + forced 2,048 new tokens), as the trainer's blockwise kernel computes
+   (it skips blocks above the diagonal but not the masked half of diagonal blocks: a few %).
+
+A micro-batched step recomputes the decoder body once (`trainer/micro.py`); that recompute is
+not in the floor: it is part of what the ratio measures. CPU figures only.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from step_matmuls import (  # this folder (a script's folder is on its path)
+    Shape,
+    measure_shape,
+    measure_shapes,
+    shaped_floor_s,
+    total_flops,
+    train_parts,
+)
+
+from locoexp.compose import compose_config
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+TABLE1_CAPS = [
+    "model=tiny_qwen",
+    "dataset=gsm8k",
+    f"dataset.data_files={GSM8K / 'train.jsonl'}",
+    "dataset.eval_data_files=null",
+    "dataset.max_prompt_tokens=512",
+    "dataset.max_new_tokens=2048",
+    "rollout.ignore_eos=true",
+    "dataset.prompts_per_step=2",
+    "dataset.samples_per_prompt=4",
+    "eval_every_steps=0",
+    "logger=none",
+]
+SQUARE = Shape(2048, 2048, 2048)
+TARGETS = {"peak_rss_gb_max": 4.0, "train_over_floor_max": 1.3}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def run_workload(overrides: list[str], run_dir: Path) -> dict:
+    """`python run.py` with Table 1's caps; its records, wall time and peak RSS."""
+    command = [sys.executable, "run.py", *overrides, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"run.py failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if after.ru_maxrss <= before.ru_maxrss:
+        sys.exit("peak RSS not measurable: an earlier child of this process was larger")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return {
+        "records": [r for r in records if "timing/step_s" in r],
+        "peak_rss_gb": after.ru_maxrss * 1024 / 1e9,  # ru_maxrss is in KiB on Linux
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
+def train_floor(overrides: list[str], record: dict, repeats: int) -> dict:
+    """The train step's FLOPs at its own shapes over the rates measured at those shapes."""
+    config = compose_config(overrides)
+    m, d, t = config.model, config.dataset, config.trainer
+    n = d.prompts_per_step * d.samples_per_prompt
+    row_tokens = t.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
+    prompt = record["rollout/prompt_tokens_mean"]
+    parts = train_parts(
+        m,
+        rows=int(record["train/rows"]),
+        row_tokens=row_tokens,
+        sequences=n,
+        sequence_tokens=round(prompt) + d.max_new_tokens,
+        slots=n * d.max_new_tokens,
+        chunk=t.logit_chunk_tokens,
+    )
+    terms = parts["train_step"]
+    rates = measure_shapes([terms], repeats)
+    square = measure_shape(SQUARE, repeats)
+    flops = total_flops(terms)
+    used = [{**r, "step_flops": sum(f for s, f in terms if s == k)} for k, r in rates.items()]
+    return {
+        "flops": flops,
+        "floor_s": shaped_floor_s(terms, rates),
+        "square_floor_s": flops / (square["gflops"] * 1e9),
+        "square": square,
+        "rates": used,
+    }
+
+
+def summarise(run: dict, floor: dict) -> dict:
+    steps = run["records"]
+    timed = steps[1:] or steps  # step 0 compiles
+    median = {
+        k: statistics.median(r[f"timing/{k}_s"] for r in timed)
+        for k in ("step", "generation", "train")
+    }
+    return {
+        "per_step": [
+            {k: r[f"timing/{k}_s"] for k in ("step", "generation", "train")} for r in steps
+        ],
+        "median_after_step0": median,
+        "train_over_floor": median["train"] / floor["floor_s"],
+        "train_over_square_floor": median["train"] / floor["square_floor_s"],
+    }
+
+
+def print_report(report: dict) -> None:
+    print(f"\n{report['machine']}\noverrides: {' '.join(report['overrides'])}")
+    for i, s in enumerate(report["summary"]["per_step"]):
+        print(
+            f"  step {i}: {s['step']:7.1f} s = generation {s['generation']:6.1f} s + train "
+            f"{s['train']:6.1f} s (+ the rest)" + ("  (compiles)" if i == 0 else "")
+        )
+    f, s = report["floor"], report["summary"]
+    print(
+        f"  peak RSS of the run: {report['peak_rss_gb']:.2f} GB; the run took "
+        f"{report['run_wall_s']:.0f} s and {report['run_cpu_s']:.0f} CPU s (imports and compiles "
+        f"included): {report['run_cpu_s'] / report['run_wall_s']:.2f} cores on average of "
+        f"{os.cpu_count()} (less = other processes took the rest)"
+    )
+    print(f"\n  train step {f['flops'] / 1e12:.2f} TFLOP at its own shapes:")
+    for r in sorted(f["rates"], key=lambda r: -r["step_flops"]):
+        print(
+            f"    {r['shape']:<34} {r['step_flops'] / 1e9:8.1f} GFLOP at {r['gflops']:6.1f} "
+            f"GFLOP/s ({r['best']}) = {r['step_flops'] / r['gflops'] / 1e9:6.2f} s"
+        )
+    print(
+        f"  floor at the step's shapes {f['floor_s']:.1f} s; at the square-matmul rate "
+        f"({f['square']['gflops']:.1f} GFLOP/s, {f['square']['shape']}) {f['square_floor_s']:.1f} s"
+    )
+    train = s["median_after_step0"]["train"]
+    print(
+        f"  train {train:.1f} s / floor {f['floor_s']:.1f} s = {s['train_over_floor']:.2f}x "
+        f"(target <= {TARGETS['train_over_floor_max']}); peak RSS {report['peak_rss_gb']:.2f} GB "
+        f"(target < {TARGETS['peak_rss_gb_max']})"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per matmul shape")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for run.py")
+    args = parser.parse_args(argv)
+    overrides = [*TABLE1_CAPS, f"steps={args.steps}", *args.overrides]
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as folder:
+        run = run_workload(overrides, Path(folder) / "run")
+    floor = train_floor(overrides, run["records"][-1], args.repeats)
+    report = {
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs; load average at start "
+        f"{load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f} (CPU figures)",
+        "overrides": overrides,
+        "peak_rss_gb": run["peak_rss_gb"],
+        "run_wall_s": run["wall_s"],
+        "run_cpu_s": run["cpu_s"],
+        "floor": floor,
+        "summary": summarise(run, floor),
+    }
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
