@@ -111,3 +111,11 @@ def run_and_watch(run_dir: Path, args: list[str], *, deadline_s: float) -> Watch
     output = finish(run, timeout_s=60)
     assert run.returncode == 0, output[-3000:]
     return WatchedRun(run_dir, output, seen)
+
+
+def assert_same_steps(got: list[dict], want: list[dict], steps: int) -> None:
+    """Every step exactly once, with the reference run's losses and rewards (within 1e-5)."""
+    assert [r["step"] for r in got] == list(range(steps))
+    for a, b in zip(got, want, strict=True):
+        for key in ("train/loss", "rollout/reward_mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)

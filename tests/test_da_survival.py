@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cli_runs import assert_same_steps
 
 from locoexp.compose import compose_config
 from locoexp.main import run as run_grpo
@@ -87,11 +88,7 @@ def wait_for_trained_step(run_dir: Path, *, alive) -> None:
 
 
 def assert_same_losses(run_dir: Path, reference: Path) -> None:
-    got, want = steps(run_dir), steps(reference)
-    assert [r["step"] for r in got] == list(range(STEPS))  # every step exactly once
-    for a, b in zip(got, want, strict=True):
-        for key in ("train/loss", "rollout/reward_mean"):
-            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+    assert_same_steps(steps(run_dir), steps(reference), STEPS)
 
 
 @pytest.fixture(scope="module")
