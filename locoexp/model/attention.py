@@ -3,8 +3,8 @@
 The train step attends within each packed sequence (same segment id, not in the future), never
 across sequences or from padding (segment 0). `attend` dispatches on the kind; every kernel takes
 q [B, T, K*R, h], k and v [B, T, K, h] and the segment ids [B, T] and returns [B, T, K*R, h].
-Only `dense` forms [B, K, R, T, T] scores; `blockwise` keeps [B, K, R, Q, C] per block pair
-(forward and backward), so its memory grows linearly with T.
+Only `dense` forms [B, K, R, T, T] scores; `blockwise` keeps [K, R*Q, C] tiles of one row's block
+pair at a time (forward and backward), so its memory grows linearly with T.
 
 It owns the attention numerics of full rows only: it never sees a KV cache (the engine path in
 `transformer.py`), a mesh or a loss. Padding queries (segment 0) attend to nothing: `dense` gives
@@ -75,93 +75,126 @@ def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
     return jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, heads, h)
 
 
-# ---- blockwise: online softmax (flash attention) in plain JAX -------------------------------
+# ---- blockwise: online softmax (flash attention) in plain JAX, one row at a time ------------
+#
+# Each row is cut into n blocks of Q tokens. Query heads sharing a KV head are stacked into the
+# row dimension of one matmul ([K, R*Q, h] x [K, C, h]), so every block-pair product is a plain
+# batched matmul over the K KV heads with no transposed copies inside the loops. A block pair
+# with no allowed (same segment, causal) entry is skipped (`lax.cond`): blocks above the
+# diagonal, padding at the end of a row, and earlier sequences of a packed row. Rows run one
+# after another (`lax.map`), so skipping is exact per row and one pair's [K, R*Q, C] tiles stay
+# small enough for the core's cache (CPU: 256-token blocks were 2x faster than 512 at
+# tiny_qwen's shapes; experiments/LOG.md, session 4).
 
 
-def _split_blocks(x: Array, size: int) -> Array:
-    """[B, T, ...] -> [n, B, size, ...], padding T to a multiple of `size` with zeros (padding
+def _row_blocks(x: Array, size: int) -> Array:
+    """[T, ...] -> [n, size, ...], padding T to a multiple of `size` with zeros (padding
     segment ids are 0, so padded keys are never attended)."""
-    b, t = x.shape[:2]
-    n = -(-t // size)
-    x = jnp.pad(x, [(0, 0), (0, n * size - t)] + [(0, 0)] * (x.ndim - 2))
-    return jnp.moveaxis(x.reshape(b, n, size, *x.shape[2:]), 1, 0)
+    n = -(-x.shape[0] // size)
+    x = jnp.pad(x, [(0, n * size - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    return x.reshape(n, size, *x.shape[1:])
 
 
-def _join_blocks(x: Array, t: int) -> Array:
-    """[n, B, size, ...] -> [B, T, ...] (inverse of `_split_blocks`)."""
-    n, b, size = x.shape[:3]
-    return jnp.moveaxis(x, 0, 1).reshape(b, n * size, *x.shape[3:])[:, :t]
+def _heads_major(x: Array, kv_heads: int) -> Array:
+    """Query-like [n, Q, K*R, h] -> [n, K, R*Q, h] (row r*Q + q is head r of token q)."""
+    n, size, heads, h = x.shape
+    x = x.reshape(n, size, kv_heads, heads // kv_heads, h).transpose(0, 2, 3, 1, 4)
+    return x.reshape(n, kv_heads, heads // kv_heads * size, h)
 
 
-def _allowed(seg_q: Array, seg_k: Array, i, j, size: int) -> Array:
-    """[B, Q] x [B, C] segment ids of query block i and key block j -> [B, Q, C] mask."""
+def _token_major(x: Array, heads: int, t: int) -> Array:
+    """Inverse of `_heads_major` and `_row_blocks`: [n, K, R*Q, h] -> [T, K*R, h]."""
+    n, kv_heads, rows, h = x.shape
+    size = rows // (heads // kv_heads)
+    x = x.reshape(n, kv_heads, heads // kv_heads, size, h).transpose(0, 3, 1, 2, 4)
+    return x.reshape(n * size, heads, h)[:t]
+
+
+def _kv_major(x: Array) -> Array:
+    """Key-like [n, C, K, h] -> [n, K, C, h]."""
+    return x.transpose(0, 2, 1, 3)
+
+
+def _allowed(seg_q: Array, seg_k: Array, i, j) -> Array:
+    """[Q] x [C] segment ids of query block i and key block j -> [Q, C] mask."""
+    size = seg_q.shape[0]
     offsets = jnp.arange(size)
     causal = (i * size + offsets)[:, None] >= (j * size + offsets)[None, :]
-    same = seg_q[:, :, None] == seg_k[:, None, :]
-    return same & causal & (seg_q[:, :, None] > 0)
+    return (seg_q[:, None] == seg_k[None, :]) & causal & (seg_q[:, None] > 0)
 
 
-def _block_scores(qi: Array, kj: Array, allowed: Array) -> Array:
-    """[B, Q, K, R, h] x [B, C, K, h] -> scaled scores [B, K, R, Q, C], -inf where not allowed."""
-    scores = _einsum32("bqkrh,bckh->bkrqc", qi, kj)
-    return jnp.where(allowed[:, None, None], scores * (qi.shape[-1] ** -0.5), -jnp.inf)
+def _masked(allowed: Array, x: Array, fill: float) -> Array:
+    """x [K, R*Q, C] with `fill` where the [Q, C] mask is False (for every head)."""
+    kv_heads, rows, c = x.shape
+    q = allowed.shape[0]
+    return jnp.where(allowed, x.reshape(kv_heads, rows // q, q, c), fill).reshape(x.shape)
 
 
-def _flash_forward(q, k, v, seg, size):
-    """Blocks in ([n, B, Q, K, R, h], [n, B, C, K, h] x2, [n, B, Q]) -> out blocks
-    [n, B, Q, K, R, h] and log-sum-exps [n, B, K, R, Q] (0 for rows that attend to nothing)."""
-    n = q.shape[0]
+def _if_any(allowed: Array, visit, carry):
+    """visit(carry) where the block pair has an allowed entry; the carry unchanged where not."""
+    return jax.lax.cond(allowed.any(), visit, lambda c: c, carry)
+
+
+def _flash_forward(q, k, v, seg):
+    """One row's blocks (q [n, K, R*Q, h] scaled by 1/sqrt(h), k and v [n, K, C, h], seg
+    [n, Q]) -> out [n, K, R*Q, h] and log-sum-exps [n, K, R*Q] (0 where nothing is attended)."""
 
     def query_block(i):
-        qi, seg_i = q[i], seg[i]
-        b, size_q, kv, r, h = qi.shape
+        qi = q[i]
 
         def key_block(j, carry):
-            top, total, acc = carry  # [B, K, R, Q] x2, [B, Q, K, R, h]
-            scores = _block_scores(qi, k[j], _allowed(seg_i, seg[j], i, j, size))
-            new_top = jnp.maximum(top, scores.max(-1))
-            probs = jnp.exp(scores - new_top[..., None])
-            decay = jnp.exp(top - new_top)
-            pv = _einsum32("bkrqc,bckh->bqkrh", probs.astype(v.dtype), v[j])
-            acc = acc * jnp.moveaxis(decay, -1, 1)[..., None] + pv
-            return new_top, decay * total + probs.sum(-1), acc
+            allowed = _allowed(seg[i], seg[j], i, j)
 
+            def visit(carry):
+                top, total, acc = carry  # [K, R*Q] x2, [K, R*Q, h]
+                scores = _masked(allowed, _einsum32("kxh,kch->kxc", qi, k[j]), -jnp.inf)
+                new_top = jnp.maximum(top, scores.max(-1))
+                probs = jnp.exp(scores - new_top[..., None])
+                decay = jnp.exp(top - new_top)
+                pv = _einsum32("kxc,kch->kxh", probs.astype(v.dtype), v[j])
+                return new_top, decay * total + probs.sum(-1), acc * decay[..., None] + pv
+
+            return _if_any(allowed, visit, carry)
+
+        rows = qi.shape[:-1]
         init = (
-            jnp.full((b, kv, r, size_q), _MASKED, jnp.float32),
-            jnp.zeros((b, kv, r, size_q), jnp.float32),
+            jnp.full(rows, _MASKED, jnp.float32),
+            jnp.zeros(rows, jnp.float32),
             jnp.zeros(qi.shape, jnp.float32),
         )
         top, total, acc = jax.lax.fori_loop(0, i + 1, key_block, init)  # causal: keys <= i
         seen = total > 0
         lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), 0.0)
         inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
-        return (acc * jnp.moveaxis(inverse, -1, 1)[..., None]).astype(q.dtype), lse
+        return (acc * inverse[..., None]).astype(q.dtype), lse
 
-    return jax.lax.map(query_block, jnp.arange(n))
+    return jax.lax.map(query_block, jnp.arange(q.shape[0]))
 
 
-def _flash_backward(q, k, v, seg, out, lse, dout, size):
-    """dq, dk, dv blocks from the forward's out and log-sum-exps, recomputing each block's
-    probabilities (FlashAttention-2's backward): no [T, T] array is formed."""
+def _flash_backward(q, k, v, seg, out, lse, dout):
+    """dq (by the scaled q), dk, dv blocks from the forward's out and log-sum-exps, recomputing
+    each block pair's probabilities (FlashAttention-2's backward): no [T, T] array is formed."""
     n = q.shape[0]
-    # D_i = rowsum(dO_i * O_i) [n, B, K, R, Q]
-    delta = jnp.moveaxis((dout.astype(jnp.float32) * out.astype(jnp.float32)).sum(-1), 2, -1)
+    delta = (dout.astype(jnp.float32) * out.astype(jnp.float32)).sum(-1)  # [n, K, R*Q]
 
     def key_block(dq, j):
         kj, vj = k[j], v[j]
 
         def query_block(i, carry):
-            dk, dv, dq = carry
-            qi, doi = q[i], dout[i]
-            scores = _block_scores(qi, kj, _allowed(seg[i], seg[j], i, j, size))
-            probs = jnp.exp(scores - lse[i][..., None])  # exactly 0 where not allowed
-            dv = dv + _einsum32("bkrqc,bqkrh->bckh", probs, doi)
-            dprobs = _einsum32("bqkrh,bckh->bkrqc", doi, vj)
-            dscores = probs * (dprobs - delta[i][..., None]) * (qi.shape[-1] ** -0.5)
-            dq_i = _einsum32("bkrqc,bckh->bqkrh", dscores, kj)
-            dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i, i, 0)
-            dk = dk + _einsum32("bkrqc,bqkrh->bckh", dscores, qi)
-            return dk, dv, dq
+            allowed = _allowed(seg[i], seg[j], i, j)
+
+            def visit(carry):
+                dk, dv, dq = carry
+                qi, doi = q[i], dout[i]
+                scores = _einsum32("kxh,kch->kxc", qi, kj)
+                probs = _masked(allowed, jnp.exp(scores - lse[i][..., None]), 0.0)
+                dv = dv + _einsum32("kxc,kxh->kch", probs, doi)
+                dscores = probs * (_einsum32("kxh,kch->kxc", doi, vj) - delta[i][..., None])
+                dq_i = _einsum32("kxc,kch->kxh", dscores, kj)
+                dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i, i, 0)
+                return dk + _einsum32("kxc,kxh->kch", dscores, qi), dv, dq
+
+            return _if_any(allowed, visit, carry)
 
         zeros = jnp.zeros(kj.shape, jnp.float32)
         dk, dv, dq = jax.lax.fori_loop(j, n, query_block, (zeros, zeros, dq))  # causal: i >= j
@@ -171,42 +204,49 @@ def _flash_backward(q, k, v, seg, out, lse, dout, size):
     return dq, dk, dv
 
 
-def _blocked_inputs(q, k, v, segment_ids, block_tokens):
-    size = min(block_tokens, -(-q.shape[1] // 8) * 8)
-    grouped = _grouped(q, k.shape[2])
-    blocks = [_split_blocks(x, size) for x in (grouped, k, v, segment_ids)]
-    return blocks, size
+def _block_size(t: int, block_tokens: int) -> int:
+    return min(block_tokens, -(-t // 8) * 8)  # rows shorter than a block use one block
+
+
+def _row_inputs(q, k, v, segment_ids, block_tokens):
+    """One row's q [T, K*R, h], k, v [T, K, h], seg [T] in blocks (q scaled by 1/sqrt(h))."""
+    size = _block_size(q.shape[0], block_tokens)
+    kv_heads, scale = k.shape[1], q.shape[-1] ** -0.5
+    qb = _heads_major(_row_blocks(q * jnp.asarray(scale, q.dtype), size), kv_heads)
+    kb, vb = (_kv_major(_row_blocks(x, size)) for x in (k, v))
+    return qb, kb, vb, _row_blocks(segment_ids, size)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def blockwise_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
-    """Flash-attention-style attention in blocks of `block_tokens` (both directions)."""
-    out, _ = _blockwise_fwd(q, k, v, segment_ids, block_tokens)
+def _row_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
+    out, _ = _row_attention_fwd(q, k, v, segment_ids, block_tokens)
     return out
 
 
-def _blockwise_fwd(q, k, v, segment_ids, block_tokens):
-    (qb, kb, vb, sb), size = _blocked_inputs(q, k, v, segment_ids, block_tokens)
-    out, lse = _flash_forward(qb, kb, vb, sb, size)
-    result = _join_blocks(out, q.shape[1]).reshape(q.shape)
+def _row_attention_fwd(q, k, v, segment_ids, block_tokens):
+    out, lse = _flash_forward(*_row_inputs(q, k, v, segment_ids, block_tokens))
+    result = _token_major(out, q.shape[1], q.shape[0])
     return result, (q, k, v, segment_ids, out, lse)
 
 
-def _blockwise_bwd(block_tokens, residuals, dout):
+def _row_attention_bwd(block_tokens, residuals, dout):
     q, k, v, segment_ids, out, lse = residuals
-    (qb, kb, vb, sb), size = _blocked_inputs(q, k, v, segment_ids, block_tokens)
-    dout_b = _split_blocks(_grouped(dout, k.shape[2]), size)
-    dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b, size)
-    t = q.shape[1]
-    return (
-        _join_blocks(dq, t).reshape(q.shape).astype(q.dtype),
-        _join_blocks(dk, t).astype(k.dtype),
-        _join_blocks(dv, t).astype(v.dtype),
-        None,
-    )
+    qb, kb, vb, sb = _row_inputs(q, k, v, segment_ids, block_tokens)
+    dout_b = _heads_major(_row_blocks(dout, _block_size(q.shape[0], block_tokens)), k.shape[1])
+    dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b)
+    t, scale = q.shape[0], q.shape[-1] ** -0.5
+    dk, dv = (_kv_major(x).reshape(-1, *k.shape[1:])[:t] for x in (dk, dv))
+    dq = _token_major(dq, q.shape[1], t) * scale
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-blockwise_attention.defvjp(_blockwise_fwd, _blockwise_bwd)
+_row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
+
+
+def blockwise_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
+    """Flash-attention-style attention in blocks of `block_tokens` (both directions), row by
+    row; memory per row is O(T) plus one block pair's tiles."""
+    return jax.lax.map(lambda row: _row_attention(*row, block_tokens), (q, k, v, segment_ids))
 
 
 # ---- backend kernels -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ class TrainerConfig:
     # never forms [L, L] scores; splash needs a TPU, cudnn a GPU.
     attention: AttentionKind = AttentionKind.blockwise
     # Query/key block size of `blockwise`, in tokens (rows shorter than a block use one block).
-    attention_block_tokens: int = 512
+    attention_block_tokens: int = 256
     # What each decoder block keeps for the backward pass (see `RematPolicy`).
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
