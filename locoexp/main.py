@@ -18,7 +18,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -52,14 +52,15 @@ from locoexp.placement.layout import Layout, build_layout
 from locoexp.placement.loop import LoopClock, LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
-from locoexp.placement.ray_hosts import DaLayout, load_from_object_store, publish_to_object_store
-from locoexp.placement.ray_transport import BatchLedger, ray_actors
 from locoexp.planner import Roles, Setup, check_fit, describe_plan
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.trainer import Trainer
+
+if TYPE_CHECKING:  # Ray loads only in a `da` run (start-up of every other run is ~1 s shorter)
+    from locoexp.placement.ray_hosts import DaLayout
 
 
 def layout_of(config: Config) -> Layout:
@@ -318,6 +319,8 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
     shards, the driver the weight version, the ledger and the next batch), a stop signal ends
     the run after a checkpoint, a finished run trains nothing; a lost rollout host is restarted
     (`RayActors`), a lost trainer host ends the run with one sentence (`RunFailed`)."""
+    from locoexp.placement.ray_transport import BatchLedger, ray_actors  # noqa: PLC0415
+
     start_time = time.perf_counter()
     task = build_checked_task(config)
     schedule = build_schedule(config, len(task.train))
@@ -350,7 +353,9 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         survival.close()
 
 
-def da_layout(config: Config) -> DaLayout:
+def da_layout(config: Config) -> "DaLayout":
+    from locoexp.placement.ray_hosts import DaLayout  # noqa: PLC0415
+
     layout, hw = layout_of(config), config.hardware
     return DaLayout(
         trainer_hosts=layout.trainer_hosts,
@@ -471,6 +476,8 @@ def build_actor_rollout_half(
     *, model: ModelConfig, rollout: RolloutConfig, dataset: DatasetConfig, **half
 ) -> RolloutHalf:
     """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
+    from locoexp.placement.ray_hosts import load_from_object_store  # noqa: PLC0415
+
     policy = load_model(model, seed=half["settings"].seed)
     # what published pure dicts are loaded into: shapes only, so the initial weights live once
     template = jax.tree.map(
@@ -493,6 +500,8 @@ def build_actor_trainer_half(
 ) -> TrainerHalf:
     """Called in a `da` trainer actor once it joined the trainer group: its share of every
     batch, publishing through the object store in the rollout engines' dtype."""
+    from locoexp.placement.ray_hosts import publish_to_object_store  # noqa: PLC0415
+
     one_call = half["settings"].opt.publish_in_one_call
     return build_trainer_half(
         load_model(model, seed=half["settings"].seed),

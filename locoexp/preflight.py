@@ -30,7 +30,6 @@ from locoexp.config import Config
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.files import check_data_files
-from locoexp.dataset.load import load_rows
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
 from locoexp.main import build_schedule
@@ -65,6 +64,8 @@ def check_run(config: Config) -> None:
 def check_data(dataset: DatasetConfig) -> int:
     """The training and held-out rows exist, parse and carry the columns the task reads;
     returns the number of training rows."""
+    from locoexp.dataset.load import load_rows  # noqa: PLC0415  (`datasets`: only for files)
+
     columns = needed_columns(dataset.kind)
     for key in ("data_files", "eval_data_files"):
         pattern = getattr(dataset, key)
