@@ -1,20 +1,49 @@
 """Shared fixtures: composing the real Hydra config the way `run.py` does, and one 2-host `co`
 run that several modules read. Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml) each
 module runs on one worker, so its module-scoped fixtures run once; tests sharing a session
-fixture name one `xdist_group`."""
+fixture name one `xdist_group`.
+
+Every process of one session (xdist workers, `python run.py` subprocesses, their hosts and Ray
+actors) shares one persistent XLA compilation cache in a fresh temporary directory: the suite
+compiles the same tiny programs in dozens of processes, and a process that finds one compiled
+loads it instead (the same `JAX_COMPILATION_CACHE_DIR` a user can set for a sweep, README). It
+is this session's own directory, removed at its end; a cache set by the caller is kept."""
+
+import os
+import shutil
+import tempfile
 
 import pytest
 from cli_runs import RESUMABLE, run_and_watch
 
 from locoexp.compose import compose_config
 
+_CACHE_OWNER = "LOCOEXP_TEST_XLA_CACHE_OWNER"
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the session (before jax)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="locoexp-tests-xla-")
+    os.environ[_CACHE_OWNER] = str(os.getpid())
+    # cache every program: the suite's are small and quick to compile, but there are many
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+def pytest_unconfigure(config):
+    if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """A test without an `xdist_group` joins its module's group (one worker per module)."""
+    """A test without an `xdist_group` joins its module's group (one worker per module). Groups
+    holding a `slow` test go first (xdist hands out groups in collection order,
+    `--no-loadscope-reorder`): the multi-process runs start at once on both workers and the
+    many quick tests fill in behind them, instead of one long run finishing the suite alone."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    group = {id(item): item.get_closest_marker("xdist_group").args[0] for item in items}
+    slow = {group[id(item)] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: group[id(item)] not in slow)  # stable: file order within each
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """Where admission runs, from the per-host records of real runs (Section 4.3, Figure 7a): the
 single controller admits every request of a step serially in its one process; under `co` each
 host process admits its own share, at the same time as the others. Also: a profiled step's
-breakdown reaches the records. Real GSM8K rows, the real Qwen3 tokenizer, a tiny Qwen3-vocabulary
-model; 2 local hosts."""
+breakdown reaches the records of a 2-host run (each host's trace parsed, then reduced; writing a
+trace costs seconds per host, so only the `co` run profiles). Real GSM8K rows, the real Qwen3
+tokenizer, a tiny Qwen3-vocabulary model; 2 local hosts."""
 
 import json
 
@@ -11,10 +12,11 @@ from dataset_options import shared_data
 
 from locoexp.dataset.admission import read_admission_logs
 
+pytestmark = pytest.mark.slow
 PROMPTS, GROUP, STEPS = 64, 8, 3
 
 
-def run_gsm8k(compose, placement: str, run_dir) -> list[dict]:
+def run_gsm8k(compose, placement: str, run_dir, *, profile: bool = False) -> list[dict]:
     from locoexp.main import run
 
     folder = shared_data("gsm8k")
@@ -37,7 +39,7 @@ def run_gsm8k(compose, placement: str, run_dir) -> list[dict]:
             "hardware.hosts=2",
             f"steps={STEPS}",
             "eval_every_steps=0",
-            "profile_steps=[2]",
+            f"profile_steps={[2] if profile else []}",
             "logger=none",
         ]
     )
@@ -55,11 +57,11 @@ def test_single_controller_admits_every_request_serially_in_one_process(compose,
     assert len({s["pid"] for s in steps}) == 1
     assert all(s["requests"] == PROMPTS * GROUP and not s["pretokenized"] for s in steps)
     assert all(records[t]["admission/requests"] == PROMPTS * GROUP for t in range(STEPS))
-    check_breakdown(records, tmp_path)
+    check_timings(records)
 
 
 def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(compose, tmp_path):
-    records = run_gsm8k(compose, "co", tmp_path)
+    records = run_gsm8k(compose, "co", tmp_path, profile=True)
     logs = read_admission_logs(tmp_path)
     assert sorted(logs) == ["host0", "host1"]
     pids = {name: {s["pid"] for s in steps} for name, steps in logs.items()}
@@ -85,6 +87,10 @@ def check_breakdown(records: list[dict], run_dir) -> None:
     assert sum(shares) == pytest.approx(1.0) and all(0 <= s <= 1 for s in shares)
     assert records[2]["breakdown/compute_share"] > 0
     assert list((run_dir / "profile" / "step2").glob("host0/plugins/profile/*/*.xplane.pb"))
+    check_timings(records)
+
+
+def check_timings(records: list[dict]) -> None:
     for record in records:
         assert record["timing/host_orchestration_s"] <= record["timing/step_s"]
         assert 0 < record["timing/head_interval_s"] < record["timing/step_s"]

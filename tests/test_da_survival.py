@@ -5,7 +5,11 @@ trainer host ends the run with one sentence and leaves no Ray process; a driver 
 SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses.
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
-`LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here)."""
+`LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
+
+The uninterrupted run is test_step_loop's `da` run: the same overrides (plus checkpoints, which
+change no value), whose per-step losses and rewards that module checks against
+`fixtures/step_loop_reference.json`; these runs are held to the same values."""
 
 import contextlib
 import json
@@ -27,17 +31,13 @@ from locoexp.metrics.run_records import read_metrics_jsonl
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 10
-RUN = [
-    "placement=da",
-    "split=0.5",
-    "hardware.hosts=2",
-    "logger=none",
-    "eval_every_steps=0",
-    "checkpoint_every_steps=3",
-    "dataset.synthetic.eval_size=8",
-    "dataset.prompts_per_step=4",
-    "dataset.samples_per_prompt=2",
+REFERENCE = json.loads((Path(__file__).parent / "fixtures/step_loop_reference.json").read_text())
+UNINTERRUPTED = REFERENCE["runs"]["da_2hosts"]
+STEPS = len(UNINTERRUPTED["steps"]["train/loss"])
+RUN = [  # test_step_loop's da run (placement=da split=0.5 hardware.hosts=2), with checkpoints
+    *(o for o in REFERENCE["common_overrides"] if not o.startswith("steps=")),
+    *UNINTERRUPTED["overrides"],
+    "checkpoint_every_steps=2",
 ]
 DEADLINE_S = 240  # one run on a loaded 2-core machine; a run past it fails the test at once
 
@@ -87,19 +87,16 @@ def wait_for_trained_step(run_dir: Path, *, alive) -> None:
         time.sleep(0.01)
 
 
-def assert_same_losses(run_dir: Path, reference: Path) -> None:
-    assert_same_steps(steps(run_dir), steps(reference), STEPS)
+def assert_same_losses(run_dir: Path) -> None:
+    values = UNINTERRUPTED["steps"]
+    reference = [
+        {"step": t, "train/loss": values["train/loss"][t], "rollout/reward_mean": reward}
+        for t, reward in enumerate(values["rollout/reward_mean"])
+    ]
+    assert_same_steps(steps(run_dir), reference, STEPS)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    run_grpo(compose_config([*RUN, f"steps={STEPS}"]), run_dir=run_dir, progress=False)
-    return run_dir
-
-
-def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path, reference):
+def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path):
     killed: list[int] = []
     done = threading.Event()
 
@@ -131,7 +128,7 @@ def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path
     assert summary["da/rollout_restarts"] == 1
     assert steps(tmp_path)[-1]["da/rollout_restarts"] == 1
     # the regenerated batch is the lost one: same prompts, sampling key and weights
-    assert_same_losses(tmp_path, reference)
+    assert_same_losses(tmp_path)
     assert not own_processes()
 
 
@@ -187,7 +184,7 @@ def test_a_host_that_is_not_restarted_ends_the_run_with_one_sentence(tmp_path, l
     _no_ray_process_left()
 
 
-def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(tmp_path, reference):
+def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(tmp_path):
     run_dir, extra = tmp_path / "run", [f"steps={STEPS}"]
     run = _start(run_dir, extra)
     wait_for_trained_step(run_dir, alive=lambda: run.poll() is None)
@@ -206,7 +203,7 @@ def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(tmp_path, r
     resumed = _start(run_dir, [*extra, "resume=must"])
     _, err = _finish(resumed)
     assert resumed.returncode == 0, err[-3000:]
-    assert_same_losses(run_dir, reference)
+    assert_same_losses(run_dir)
     assert trained_steps(run_dir) == list(range(STEPS))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["resume/attempts"] == 2

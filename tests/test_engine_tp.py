@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes
+
 TESTS = Path(__file__).resolve().parent
 
 

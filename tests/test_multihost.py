@@ -6,6 +6,8 @@ import pytest
 from locoexp.placement.launch import free_port, launch_local_processes
 from locoexp.testing import multihost
 
+pytestmark = pytest.mark.slow  # real processes
+
 
 def _load(path):
     with np.load(path) as data:
