@@ -30,8 +30,10 @@ _REMAT_PLATFORMS = {
 class TrainerConfig:
     # The output head and loss run over the K loss positions in chunks of this many tokens
     # (locoexp/trainer/head.py), so [K, V] logits never exist at once: at V = 151,936 a chunk's
-    # logits are 156 MB in float32. W1 peak RSS: 2.85 GB at 256, 3.11 GB at 512.
-    logit_chunk_tokens: int = 256
+    # logits are 622 MB in float32. Larger chunks give the head's weight-gradient matmul a longer
+    # contraction: on CPU, a train step at Table 1 caps took 41-43 s at 1,024 against 44-46 s at
+    # 256, 512 and 2,048 (interleaved in one process; experiments/LOG.md, session 5).
+    logit_chunk_tokens: int = 1024
     # Packed row length; None = dataset.max_prompt_tokens + dataset.max_new_tokens (rounded up to 8)
     row_tokens: int | None = None
     # Attention kernel of the train step (see `AttentionKind`): blockwise runs everywhere and
