@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
+from locoexp.metrics import wandb_logger
 from locoexp.metrics.config import LoggerConfig, LoggerKind, WandbMode
 from locoexp.metrics.wandb_logger import (
     RUN_ID_FILE,
@@ -25,6 +26,17 @@ RESOLVED = {
     "steps": 3,
 }
 STEP_KEYS = ("timing/step_s", "timing/generation_s", "rollout/reward_mean", "train/loss")
+
+
+def test_the_environment_variable_names_are_those_of_the_installed_wandb():
+    """The module names W&B's variables itself (no wandb import at start-up); they must stay
+    W&B's own."""
+    import wandb
+
+    assert wandb_logger.MODE_ENV == wandb.env.MODE
+    assert wandb_logger.API_KEY_ENV == wandb.env.API_KEY
+    assert wandb_logger.BASE_URL_ENV == wandb.env.BASE_URL
+    assert wandb_logger.IDENTITY_TOKEN_FILE_ENV == wandb.env.IDENTITY_TOKEN_FILE
 
 
 @pytest.fixture(autouse=True)
