@@ -5,9 +5,12 @@ train forward). Differentiating `logsumexp(h W^T)` with rematerialised chunks co
 matmuls per token (forward, recomputed forward, dh, dW). The policy loss is a sum of per-token
 terms, so its derivative by each log-prob is known as soon as that log-prob is: this module
 computes, per chunk, the logits once, the log-probs, the per-token loss and its derivative, and
-from them dh and the chunk's share of dW — three head matmuls, and [chunk, V] logits are the only
-large temporary. The result is a `custom_vjp` whose backward only scales the stored gradients,
-so the rest of the model differentiates through it as usual (a tied embedding sums both uses).
+from them dh and the chunk's share of dW — three head matmuls. The [chunk, V] logits and their
+exponentials are the only large temporaries: the softmax's normalisation and the one-hot term of
+dLoss/dlogits are applied on the [chunk, D] side of the gradient matmuls, so no [chunk, V]
+dlogits is written (one memory pass and a scatter fewer per chunk). The result is a `custom_vjp`
+whose backward only scales the stored gradients, so the rest of the model differentiates through
+it as usual (a tied embedding sums both uses).
 
 Shapes: K loss slots, D width, V vocabulary, C chunk size.
 """
@@ -81,24 +84,27 @@ def head_loss_and_grads(
 
     def step(dweight, c):
         h = c["hidden"]
-        logits = (h @ weight.T).astype(jnp.float32) * scale  # [C, V], the only large temporary
-        top = jnp.max(logits, axis=-1, keepdims=True)
-        probs = jnp.exp(logits - top)
-        total = probs.sum(-1, keepdims=True)
-        probs = probs / total
-        logp = (
-            jnp.take_along_axis(logits, c["targets"][:, None], -1)[:, 0]
-            - top[:, 0]
-            - jnp.log(total[:, 0])
-        )
+        targets = c["targets"]
+        # the temperature scales h ([C, D]) rather than the [C, V] logits: no extra [C, V] pass
+        logits = ((h * jnp.asarray(scale, h.dtype)) @ weight.T).astype(jnp.float32)  # [C, V]
+        top = jnp.max(logits, axis=-1)
+        unnormalised = jnp.exp(logits - top[:, None])  # softmax * total
+        total = unnormalised.sum(-1)
+        logp = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0] - top - jnp.log(total)
         (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
-        # d logp / d logits = scale (onehot(target) - softmax)
-        dlogits = (-g[:, None] * scale) * probs
-        dlogits = dlogits.at[jnp.arange(size), c["targets"]].add(g * scale)
-        dh = (dlogits @ weight.astype(jnp.float32)).astype(h.dtype)
-        dweight = dweight + dlogits.T @ h.astype(jnp.float32)
+        # dLoss/dlogits = g * scale * (onehot(target) - softmax). Both terms go to the [C, D]
+        # side of the two gradient matmuls: the softmax's row scale a = -g * scale / total
+        # multiplies h and the product, and the one-hot term is a gather from (dh) and a
+        # scatter into (dW) C rows of [V, D]. No [C, V] dlogits is written.
+        a = -g * scale / total
+        hidden32 = h.astype(jnp.float32)
+        weight32 = weight.astype(jnp.float32)
+        onehot_rows = (g * scale)[:, None]
+        dh = a[:, None] * (unnormalised @ weight32) + onehot_rows * weight32[targets]
+        dweight = dweight + unnormalised.T @ (a[:, None] * hidden32)
+        dweight = dweight.at[targets].add(onehot_rows * hidden32)
         sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
-        return dweight, (loss, sums, dh)
+        return dweight, (loss, sums, dh.astype(h.dtype))
 
     dweight, (losses, sums, dh) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32), chunks)
     count = jnp.maximum(mask.sum(), 1.0)
