@@ -512,7 +512,6 @@ def summarise(
     shape_floor_s = shaped_floor_s(parts["rollout"] + parts["train_step"], rates_at)
     rollout_shape_floor_s = shaped_floor_s(parts["rollout"], rates_at)
     return dict(
-        overrides=W1,
         matmul=rates,
         roofline_gflops=best["gflops"],
         roofline_source=f"{best['matmul']} ({best['backend']})",
@@ -546,6 +545,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-part profile")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides of W1 (A/B runs)")
     return parser.parse_args(argv)
 
 
@@ -557,7 +557,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"{jax.devices()[0].platform}, jax {jax.__version__}); {load_averages()}",
         flush=True,
     )
-    config = compose_config(W1)
+    overrides = [*W1, *args.overrides]
+    report["overrides"] = overrides
+    config = compose_config(overrides)
     m, d = config.model, config.dataset
     runner = build_w1_runner(config)
     first_step_s, records = run_steps(runner, build_loop_plan(config), args.steps)

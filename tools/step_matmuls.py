@@ -101,7 +101,8 @@ def head_terms(m: ModelConfig, rows: int, count: int = 1) -> list[Term]:
 
 def fused_head_terms(m: ModelConfig, slots: int, chunk: int, *, backward: bool) -> list[Term]:
     """The trainer's head on K slots in chunks of C: logits [C,D]x[D,V]; with the backward also
-    dh = dlogits @ W [C,V]x[V,D] and dW = dlogits^T @ h [V,C]x[C,D] (`trainer/head.py`)."""
+    dh from exp(logits) @ W [C,V]x[V,D] and dW from exp(logits)^T @ h [V,C]x[C,D] (the softmax's
+    row scale and the one-hot term are applied on the [C, D] side: `trainer/head.py`)."""
     c, d, v = min(chunk, slots), m.hidden_dim, m.vocab_size
     flops = 2 * slots * d * v
     terms = [(Shape(c, d, v), flops)]
