@@ -30,10 +30,12 @@ _REMAT_PLATFORMS = {
 class TrainerConfig:
     # The output head and loss run over the K loss positions in chunks of this many tokens
     # (locoexp/trainer/head.py), so [K, V] logits never exist at once: at V = 151,936 a chunk's
-    # logits are 622 MB in float32. Larger chunks give the head's weight-gradient matmul a longer
-    # contraction: on CPU, a train step at Table 1 caps took 41-43 s at 1,024 against 44-46 s at
-    # 256, 512 and 2,048 (interleaved in one process; experiments/LOG.md, session 5).
-    logit_chunk_tokens: int = 1024
+    # logits are 311 MB in float32 at 512 tokens. Larger chunks give the head's weight-gradient
+    # matmul a longer contraction but hold a larger [C, V] buffer while the body's activations
+    # are alive. On CPU (experiments/LOG.md, session 6), interleaved: at Table 1 caps 512 took
+    # 2% longer than 1,024 (40.4 against 39.5 s); W1's train phase took 8.8-9.1 s at 512 against
+    # 9.0-9.3 s at 1,024, and its peak RSS 2.95-2.99 GB against 3.24-3.27 (W1's target: 3 GB).
+    logit_chunk_tokens: int = 512
     # Packed row length; None = dataset.max_prompt_tokens + dataset.max_new_tokens (rounded up to 8)
     row_tokens: int | None = None
     # Attention kernel of the train step (see `AttentionKind`): blockwise runs everywhere and
