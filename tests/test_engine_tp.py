@@ -6,30 +6,16 @@ The four devices exist only if XLA is told before jax starts, so the engines run
 subprocess (tests/engine_tp_worker.py) and this test compares what it wrote.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from workers import worker_results
 
 pytestmark = pytest.mark.slow  # real processes
-
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tp") / "results.npz"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    subprocess.run(
-        [sys.executable, str(TESTS / "engine_tp_worker.py"), str(path)],
-        env=env,
-        check=True,
-        timeout=900,
-    )
-    return dict(np.load(path))
+    return worker_results("engine_tp_worker.py", tmp_path_factory.mktemp("tp"))
 
 
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "tp4"])

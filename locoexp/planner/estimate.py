@@ -16,18 +16,25 @@ and one AdamW update per batch:
   resident: params + AdamW m and v (optax keeps them in the param dtype) [+ KL reference],
     each n*a/Dt; the batch's int32 inputs.
   gradients n*a/Dt; with more than one micro-batch (locoexp/trainer/micro.py) one
-    micro-batch's gradients beside three float32 copies n*4/Dt (the accumulator carried in and
-    out of the scan, and the sum with the head's gradient; XLA), and every row's final hidden states
-    and their gradient, 2*rows*L*D*a, which the head between the two decoder passes needs.
+    micro-batch's gradients beside the float32 accumulator n*4/Dt, and with bfloat16 params two
+    more float32 copies (the micro-batch's gradients cast, and the sum with the head's
+    gradient); XLA: float32 at the tiny_qwen Table 1 shape and a Qwen-vocabulary one, bfloat16
+    at the grouped-query shape (tests/test_planner_xla.py).
   gathered block: the FSDP all-gather of the layer being computed (Dt > 1 only).
   activations of one micro-batch of m x L tokens, by `trainer.remat` (`_saved_per_token`) plus
     the working set of the one block being differentiated (`_working_per_token`); `offload`
     keeps save_matmuls' outputs in host memory (reported, not checked: host RAM is not a
     hardware key) and brings one block's back at a time.
-  head (trainer/head.py), once over all loss slots: their hidden states and gradient (D at `a`), the
-    float32 [V, D] head-gradient accumulator, and one chunk's [C, V] float32 logits. The chunk's
-    temporaries are dead before the backward pass produces parameter gradients, so the step's
-    peak holds the larger of the two, not both (XLA: the tiny_qwen-shaped step).
+  head (trainer/head.py): the float32 [V, D] head-gradient accumulator and one chunk's [C, V]
+    float32 logits. In one shot it runs once over all loss slots (their hidden states and
+    gradient, D at `a`) after the forward, and its chunk temporaries are dead before the
+    backward pass produces parameter gradients, so the step's peak holds the larger of the
+    two, not both (XLA: the tiny_qwen-shaped step). With micro-batches it runs inside each
+    micro-batch's vjp, over that micro-batch's slots: the chunk's logits, the dW matmul's own
+    [V, D] output beside the accumulator (XLA on CPU does not add a matmul into its operand)
+    and the micro-batch's dLoss/dhidden (m*L*D at `a`) are alive with its activations (its
+    residuals) and the gradient sums. These head terms are per device as if unsharded: on a
+    4-device CPU mesh XLA splits them, so the plan is conservative there (1.5-1.8x).
 Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
     embeddings and norms replicated (locoexp/rollout/sharding.py);
@@ -85,14 +92,14 @@ class TrainerMemory:
 
     params: int
     gradients: int  # gradients; with micro-batches a float32 accumulator and one micro-batch's
-    row_states: int  # with micro-batches: every row's final hidden states and their gradient
     optimizer: int  # AdamW m and v
     reference: int  # the KL reference policy (algo.kl_coef > 0), else 0
     inputs: int  # the packed batch's int32 / float32 arrays
     gathered_block: int
     activations: int  # one micro-batch, by the remat policy
-    head_gradient: int  # the float32 [V, D] accumulator of the fused head
-    head_chunk: int  # one chunk's logits and the slots' hidden states and their gradient
+    head_gradient: int  # the float32 [V, D] accumulator of the fused head (two with micro-batches)
+    head_chunk: int  # one chunk's logits and the hidden states' gradient at the head's input
+    head_in_micro_batches: bool  # the head runs beside the activations and gradient sums
     offloaded: int  # remat=offload: saved activations in host memory (not on the device)
 
     @property
@@ -103,7 +110,8 @@ class TrainerMemory:
     @property
     def total(self) -> int:
         transient = self.inputs + self.gathered_block + self.activations + self.head_gradient
-        transient += self.row_states
+        if self.head_in_micro_batches:
+            return self.resident + transient + self.gradients + self.head_chunk
         return self.resident + transient + max(self.gradients, self.head_chunk)
 
 
@@ -190,24 +198,27 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     a, dt = BYTES[c.param_dtype], shape.devices
     shard = math.ceil(n / dt) * a
     tokens = shape.micro_batch_rows * shape.row_tokens
-    slots = shape.loss_slots  # the head runs once over every loss slot
-    chunk = min(shape.logit_chunk, max(slots, 1))
     micro = shape.micro_batches > 1
+    # one shot: every loss slot's hidden state and gradient; micro-batches: the micro-batch's
+    # dLoss/dhidden over its m x L positions (the head gathers its slots chunk by chunk)
+    slots = tokens if micro else shape.loss_slots
+    head_states = (1 if micro else 2) * slots * c.hidden_dim * a
+    chunk = min(shape.logit_chunk, max(slots, 1))
     offloaded = 0
     if shape.remat is RematPolicy.offload:
         offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
     return TrainerMemory(
         params=shard,
-        gradients=3 * math.ceil(n / dt) * F32 + shard if micro else shard,
-        row_states=2 * shape.rows * shape.row_tokens * c.hidden_dim * a if micro else 0,
+        gradients=(1 if a == F32 else 3) * math.ceil(n / dt) * F32 + shard if micro else shard,
         optimizer=2 * shard,
         reference=shard if shape.kl_reference else 0,
         inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
         gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
         activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
         + _attention_tiles(c, shape),
-        head_gradient=c.vocab_size * c.hidden_dim * F32,
-        head_chunk=2 * slots * c.hidden_dim * a + chunk * c.vocab_size * F32,
+        head_gradient=(2 if micro else 1) * c.vocab_size * c.hidden_dim * F32,
+        head_chunk=head_states + chunk * c.vocab_size * F32,
+        head_in_micro_batches=micro,
         offloaded=offloaded,
     )
 

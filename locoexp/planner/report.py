@@ -22,12 +22,13 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
     t, s, roles = plan.trainer, plan.trainer_shape, setup.roles
     terms = [
         f"params {_gib(t.params)}",
-        f"gradients {_gib(t.gradients)}",
         f"AdamW {_gib(t.optimizer)}",
         f"gathered block {_gib(t.gathered_block)}",
         f"activations {_gib(t.activations)}",
-        f"row states {_gib(t.row_states)}",
-        f"head {_gib(t.head_gradient)} + max(gradients, chunk {_gib(t.head_chunk)})",
+        f"head {_gib(t.head_gradient)}",
+        f"gradients {_gib(t.gradients)} + head chunk {_gib(t.head_chunk)}"
+        if t.head_in_micro_batches
+        else f"max(gradients, head chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
     held = roles.colocated and not setup.rollout.release_weights_during_training

@@ -48,68 +48,132 @@ def _chunked(x: jax.Array, size: int) -> jax.Array:
     return x.reshape(padded // size, size, *x.shape[1:])
 
 
+def _objective(spec: HeadLossSpec, denominator: jax.Array, logp: jax.Array, c: dict):
+    """The chunk's share of the loss (its masked per-token terms over the batch's denominator)
+    and the per-token terms for metrics."""
+    per_token, terms = per_token_loss(
+        logp,
+        jax.lax.stop_gradient(logp),
+        c["advantages"],
+        clip_eps_low=spec.clip_eps_low,
+        clip_eps_high=spec.clip_eps_high,
+        kl_coef=spec.kl_coef,
+        ref_logp=c.get("ref"),
+        behaviour_logp=c["behaviour"],
+        tis_cap=spec.tis_cap,
+    )
+    return (per_token * c["mask"]).sum() / denominator, terms
+
+
+def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict):
+    """One chunk of C slots (hidden states h [C, D], per-slot fields c): the chunk's loss, its
+    per-term sums, dLoss/dh [C, D], and `dweight` [V, D] float32 plus the chunk's dLoss/dW.
+    Slots with mask 0 contribute nothing (their dLoss/dlogp is 0)."""
+    scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
+    targets = c["targets"]
+    # the temperature scales h ([C, D]) rather than the [C, V] logits: no extra [C, V] pass
+    logits = ((h * jnp.asarray(scale, h.dtype)) @ weight.T).astype(jnp.float32)  # [C, V]
+    top = jnp.max(logits, axis=-1)
+    unnormalised = jnp.exp(logits - top[:, None])  # softmax * total
+    total = unnormalised.sum(-1)
+    logp = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0] - top - jnp.log(total)
+    objective = functools.partial(_objective, spec, denominator)
+    (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
+    # dLoss/dlogits = g * scale * (onehot(target) - softmax). Both terms go to the [C, D]
+    # side of the two gradient matmuls: the softmax's row scale a = -g * scale / total
+    # multiplies h and the product, and the one-hot term is a gather from (dh) and a
+    # scatter into (dW) C rows of [V, D]. No [C, V] dlogits is written.
+    a = -g * scale / total
+    hidden32 = h.astype(jnp.float32)
+    weight32 = weight.astype(jnp.float32)
+    onehot_rows = (g * scale)[:, None]
+    dh = a[:, None] * (unnormalised @ weight32) + onehot_rows * weight32[targets]
+    dweight = dweight + unnormalised.T @ (a[:, None] * hidden32)
+    dweight = dweight.at[targets].add(onehot_rows * hidden32)
+    sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
+    return dweight, loss, sums, dh.astype(h.dtype)
+
+
+def slot_fields(spec: HeadLossSpec, batch: TrainBatch) -> dict[str, jax.Array]:
+    """The per-slot inputs [K] of the loss: mask (float32), targets, advantages, the sampler's
+    log-probs, and the reference's with a KL term."""
+    fields = {
+        "mask": batch.loss_mask.astype(jnp.float32),
+        "targets": batch.loss_targets,
+        "advantages": batch.advantages,
+        "behaviour": batch.behaviour_logprobs,
+    }
+    if spec.kl_coef > 0:
+        fields["ref"] = batch.ref_logprobs
+    return fields
+
+
 def head_loss_and_grads(
     spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch
 ):
     """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
     k = hidden.shape[0]
     size = min(spec.chunk, k)
-    scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
-    mask = batch.loss_mask.astype(jnp.float32)
+    per_slot = slot_fields(spec, batch)  # the scan's per-chunk inputs
+    mask = per_slot["mask"]
     denominator = loss_denominator(mask, spec.aggregation, batch.normalizer)
-    per_slot = {  # the scan's per-chunk inputs
-        "mask": mask,
-        "targets": batch.loss_targets,
-        "advantages": batch.advantages,
-        "behaviour": batch.behaviour_logprobs,
-    }
-    if spec.kl_coef > 0:
-        per_slot["ref"] = batch.ref_logprobs
     per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
     chunks = jax.tree.map(lambda x: _chunked(x, size), {"hidden": hidden, **per_slot})
 
-    def objective(logp, c):
-        per_token, terms = per_token_loss(
-            logp,
-            jax.lax.stop_gradient(logp),
-            c["advantages"],
-            clip_eps_low=spec.clip_eps_low,
-            clip_eps_high=spec.clip_eps_high,
-            kl_coef=spec.kl_coef,
-            ref_logp=c.get("ref"),
-            behaviour_logp=c["behaviour"],
-            tis_cap=spec.tis_cap,
-        )
-        return (per_token * c["mask"]).sum() / denominator, terms
-
     def step(dweight, c):
-        h = c["hidden"]
-        targets = c["targets"]
-        # the temperature scales h ([C, D]) rather than the [C, V] logits: no extra [C, V] pass
-        logits = ((h * jnp.asarray(scale, h.dtype)) @ weight.T).astype(jnp.float32)  # [C, V]
-        top = jnp.max(logits, axis=-1)
-        unnormalised = jnp.exp(logits - top[:, None])  # softmax * total
-        total = unnormalised.sum(-1)
-        logp = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0] - top - jnp.log(total)
-        (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
-        # dLoss/dlogits = g * scale * (onehot(target) - softmax). Both terms go to the [C, D]
-        # side of the two gradient matmuls: the softmax's row scale a = -g * scale / total
-        # multiplies h and the product, and the one-hot term is a gather from (dh) and a
-        # scatter into (dW) C rows of [V, D]. No [C, V] dlogits is written.
-        a = -g * scale / total
-        hidden32 = h.astype(jnp.float32)
-        weight32 = weight.astype(jnp.float32)
-        onehot_rows = (g * scale)[:, None]
-        dh = a[:, None] * (unnormalised @ weight32) + onehot_rows * weight32[targets]
-        dweight = dweight + unnormalised.T @ (a[:, None] * hidden32)
-        dweight = dweight.at[targets].add(onehot_rows * hidden32)
-        sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
-        return dweight, (loss, sums, dh.astype(h.dtype))
+        h = c.pop("hidden")
+        dweight, loss, sums, dh = _chunk_step(spec, weight, denominator, dweight, h, c)
+        return dweight, (loss, sums, dh)
 
     dweight, (losses, sums, dh) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32), chunks)
     count = jnp.maximum(mask.sum(), 1.0)
     metrics = {key: value.sum() / count for key, value in sums.items()}
     return losses.sum(), metrics, dh.reshape(-1, hidden.shape[1])[:k], dweight.astype(weight.dtype)
+
+
+def head_grads_at_slots(
+    spec: HeadLossSpec,
+    hidden: jax.Array,
+    weight: jax.Array,
+    slots: dict,
+    chunks: jax.Array,
+    denominator: jax.Array,
+    dweight: jax.Array,
+):
+    """The fused head over one group of loss slots, given the hidden states [T, D] of every
+    position they index (one micro-batch's rows, flat; `trainer/micro.py`).
+
+    slots: "index" [G, S] int32 into the T positions and the per-slot fields ("mask",
+    "targets", "advantages", "behaviour", and "ref" with a KL term), each [G, S]: G lanes
+    (one per device) filled from the front, padded with mask 0. Chunk i is columns
+    [i * C, (i + 1) * C) of every lane; only the first `chunks` (traced) are computed, so a
+    group's padding costs nothing. `denominator` is the whole batch's (the loss is a sum over
+    groups). Returns the group's loss, its per-term sums, dLoss/dhidden [T, D] (zero away
+    from the slots) and `dweight` [V, D] float32 plus the group's dLoss/dW."""
+    lanes, width = slots["index"].shape
+    size = min(spec.chunk, width)
+    assert width % size == 0, (width, size)  # the grouping pads lanes to whole chunks
+
+    def chunk_of(i):
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=1)  # noqa: E731
+        return {key: take(x).reshape(lanes * size) for key, x in slots.items()}
+
+    def chunk_step(dweight, i):
+        c = chunk_of(i)
+        index = c.pop("index")
+        return index, _chunk_step(spec, weight, denominator, dweight, hidden[index], c)
+
+    def body(i, carry):
+        dweight, loss, sums, dhidden = carry
+        index, (dweight, chunk_loss, chunk_sums, dh) = chunk_step(dweight, i)
+        sums = jax.tree.map(jnp.add, sums, chunk_sums)
+        return dweight, loss + chunk_loss, sums, dhidden.at[index].add(dh)
+
+    sums = jax.eval_shape(chunk_step, dweight, 0)[1][2]  # the loss terms' names
+    zero = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+    init = (dweight, jnp.zeros((), jnp.float32), jax.tree.map(zero, sums), jnp.zeros_like(hidden))
+    dweight, loss, sums, dhidden = jax.lax.fori_loop(0, chunks, body, init)
+    return loss, sums, dhidden, dweight
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

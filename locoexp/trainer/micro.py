@@ -6,12 +6,13 @@ that one update. The loss is a sum of per-token terms over the whole batch divid
 batch's normaliser (token_mean: every completion token of the batch; constant: sequences x
 max_new_tokens), so summing the micro-batches' gradients gives the one-shot step's gradient.
 
-How: (1) the decoder runs over every micro-batch without keeping residuals, giving the final
-hidden states of all rows ([R, L, D]: linear in tokens); (2) the fused head (`trainer/head.py`)
-runs once over the K loss positions and returns the loss and dLoss/dhidden; (3) each
-micro-batch's decoder is run again under `jax.vjp` and pulled back with its share of
-dLoss/dhidden. The cost is one extra forward of the decoder body (not of the output head) per
-step; only one micro-batch's activations are alive at a time.
+How: each micro-batch's decoder runs forward under `jax.vjp` (its residuals alive), the fused
+head (`trainer/head.py`) runs over that micro-batch's own loss slots (`group_slots`: on device,
+at a static width and a traced chunk count, so no slot is computed twice and a chunk of padding
+is never computed) and gives dLoss/dhidden, and the same vjp pulls it back. The decoder body runs
+forward once per step, as in the one-shot step; only one micro-batch's activations, and one
+head chunk's [C, V] logits beside them, are alive at a time. `hidden_in_micro_batches` is the
+forward alone (log-probs, the KL reference).
 
 Row layout: device d holds global rows [d * r, (d + 1) * r); micro-batch t takes rows
 [t * m, (t + 1) * m) of every device's share, so a micro-batch stays sharded like the batch.
@@ -75,19 +76,73 @@ def hidden_in_micro_batches(hidden_fn: HiddenFn, params, rows: PackedRows, layou
     return layout.join(jax.lax.map(lambda mb: hidden_fn(params, mb), split))
 
 
-def accumulate_decoder_grads(
-    hidden_fn: HiddenFn, params, rows: PackedRows, dhidden: Array, layout: MicroLayout
+def group_slots(
+    layout: MicroLayout,
+    row_tokens: int,
+    loss_index: Array,
+    fields: dict[str, Array],
+    *,
+    chunk: int,
+) -> tuple[dict[str, Array], Array]:
+    """Each micro-batch's own loss slots, so that its head runs inside its decoder's vjp.
+
+    loss_index [K] indexes the global flat [R, L] rows; fields are per-slot arrays [K], one
+    of them "mask" (slots with mask 0 are dropped). Returns the per-micro-batch groups, a dict
+    with "index" [n, devices, S] into the micro-batch's flat [devices * m * L] hidden states and
+    each field gathered likewise (lane d holds the slots of device d's rows, in order, padded
+    with mask 0), and the group's chunk count [n]: whole chunks of `chunk` columns the fullest
+    lane fills. S, a multiple of `chunk`, bounds any lane: min(m * L, K) rounded up."""
+    d, r, m, n = layout.devices, layout.rows_per_device, layout.micro_rows, layout.count
+    k, span = loss_index.shape[0], m * row_tokens  # a lane's m rows
+    chunk = min(chunk, span, k)  # as the head's chunk over lanes of this width
+    width = -(-min(span, k) // chunk) * chunk
+    row, position = loss_index // row_tokens, loss_index % row_tokens
+    device, within = row // r, row % r
+    local = (within % m) * row_tokens + position  # in the device's m rows of the micro-batch
+    group = jnp.where(fields["mask"] > 0, (within // m) * d + device, n * d)  # n * d: dropped
+    order = jnp.argsort(group * span + local)  # by group, then position
+    counts = jnp.bincount(group, length=n * d + 1)[: n * d]
+    starts = jnp.cumsum(counts) - counts
+    column = jnp.arange(width)
+    filled = column[None, :] < counts[:, None]  # [n * d, S]
+    source = order[jnp.minimum(starts[:, None] + column[None, :], k - 1)]
+    lane_start = (jnp.arange(n * d) % d * span)[:, None]  # device d's rows in the micro-batch
+    groups = {key: jnp.where(filled, x[source], 0).astype(x.dtype) for key, x in fields.items()}
+    groups["index"] = jnp.where(filled, lane_start + local[source], 0)
+    groups = jax.tree.map(lambda x: x.reshape(n, d, width), groups)
+    chunks = -(-counts.reshape(n, d).max(axis=1) // chunk)
+    return groups, chunks
+
+
+HeadFn = (
+    Callable  # (hidden [M, L, D], one micro-batch's slot group, carry) -> (dhidden, carry, out)
+)
+
+
+def accumulate_grads(
+    hidden_fn: HiddenFn,
+    params,
+    rows: PackedRows,
+    layout: MicroLayout,
+    groups,
+    head_fn: HeadFn,
+    carry,
 ):
-    """Sum over micro-batches of the decoder's vjp with its share of dLoss/dhidden [R, L, D]:
-    the gradient of the loss by `params` through the decoder body (float32 sums)."""
+    """Sum over micro-batches of the decoder's gradient: each micro-batch runs forward under
+    `jax.vjp`, `head_fn` turns its hidden states and its slot group (a pytree with leading
+    axis n, e.g. `group_slots`) into their cotangent, and the same vjp pulls it back, so the
+    decoder body runs forward once per step. Returns the float32 gradient sum, `head_fn`'s
+    final carry and its per-micro-batch outputs stacked [n, ...]."""
     split = jax.tree.map(layout.split, rows)
 
-    def add(total, xs):
-        mb, cotangent = xs
-        _, pull_back = jax.vjp(lambda p: hidden_fn(p, mb), params)
-        (grads,) = pull_back(cotangent)
-        return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), total, grads), None
+    def add(state, xs):
+        total, carry = state
+        mb, group = xs
+        hidden, pull_back = jax.vjp(lambda p: hidden_fn(p, mb), params)
+        dhidden, carry, out = head_fn(hidden, group, carry)
+        (grads,) = pull_back(dhidden)
+        return (jax.tree.map(lambda a, g: a + g.astype(jnp.float32), total, grads), carry), out
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    total, _ = jax.lax.scan(add, zeros, (split, layout.split(dhidden)))
-    return total
+    (total, carry), outs = jax.lax.scan(add, (zeros, carry), (split, groups))
+    return total, carry, outs

@@ -22,12 +22,18 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.algo.config import AlgoConfig
+from locoexp.algo.grpo import loss_denominator
 from locoexp.model.attention import AttentionSpec
 from locoexp.model.config import AttentionKind, RematPolicy
 from locoexp.model.transformer import Transformer
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
-from locoexp.trainer.head import HeadLossSpec, head_loss, head_loss_and_grads
-from locoexp.trainer.micro import MicroLayout, accumulate_decoder_grads, hidden_in_micro_batches
+from locoexp.trainer.head import HeadLossSpec, head_grads_at_slots, head_loss, slot_fields
+from locoexp.trainer.micro import (
+    MicroLayout,
+    accumulate_grads,
+    group_slots,
+    hidden_in_micro_batches,
+)
 from locoexp.trainer.packing import ROW_FIELDS, PackedBatch, PackedRows, TrainBatch, train_view
 
 
@@ -260,18 +266,39 @@ class Trainer:
 
     def _accumulated_grads(self, params, batch: TrainBatch, layout: MicroLayout):
         """The same loss, metrics and gradients, one micro-batch's activations at a time
-        (`trainer/micro.py`): the head runs once over all K loss positions."""
-        rows = batch.rows
-        hidden = hidden_in_micro_batches(self._hidden_fn, params, rows, layout)  # [R, L, D]
-        flat = hidden.reshape(-1, hidden.shape[-1])
+        (`trainer/micro.py`): each micro-batch's decoder runs forward under its vjp, the fused
+        head runs over that micro-batch's own loss slots, and the vjp pulls their gradient
+        back, so the body runs forward once per step, as in the one-shot step."""
+        spec = self.loss_spec
         weight, weight_vjp = jax.vjp(lambda p: head_weight(nnx.merge(self.graphdef, p)), params)
-        hidden_k = flat[batch.loss_index]
-        loss, metrics, dh, dweight = head_loss_and_grads(self.loss_spec, hidden_k, weight, batch)
-        dhidden = jnp.zeros_like(flat).at[batch.loss_index].add(dh).reshape(hidden.shape)
-        grads = accumulate_decoder_grads(self._hidden_fn, params, rows, dhidden, layout)
-        (head_grads,) = weight_vjp(dweight)
+        fields = slot_fields(spec, batch)
+        mask = fields["mask"]
+        row_tokens = batch.tokens.shape[1]
+        groups, chunks = group_slots(layout, row_tokens, batch.loss_index, fields, chunk=spec.chunk)
+        denominator = loss_denominator(mask, spec.aggregation, batch.normalizer)
+
+        def head_fn(hidden, group, dweight):
+            slots, count = group
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            loss, sums, dflat, dweight = head_grads_at_slots(
+                spec, flat, weight, slots, count, denominator, dweight
+            )
+            return dflat.reshape(hidden.shape), dweight, (loss, sums)
+
+        grads, dweight, (losses, sums) = accumulate_grads(
+            self._hidden_fn,
+            params,
+            batch.rows,
+            layout,
+            (groups, chunks),
+            head_fn,
+            jnp.zeros(weight.shape, jnp.float32),
+        )
+        (head_grads,) = weight_vjp(dweight.astype(weight.dtype))
         grads = jax.tree.map(lambda g, h, p: (g + h).astype(p.dtype), grads, head_grads, params)
-        return (loss, metrics), grads
+        count = jnp.maximum(mask.sum(), 1.0)
+        metrics = {key: value.sum() / count for key, value in sums.items()}
+        return (losses.sum(), metrics), grads
 
     def _loss_and_grads(self, params, batch: TrainBatch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient

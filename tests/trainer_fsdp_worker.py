@@ -1,0 +1,71 @@
+"""Run in a subprocess by tests/test_trainer_fsdp.py, with 4 CPU devices set before jax starts:
+the loss, metrics and gradients of one batch from a one-device trainer in one shot (the
+reference) and from 4-device FSDP trainers in one shot and in micro-batches of 1 and 2 rows per
+device (each micro-batch's loss slots spread over the 4 devices' lanes, `trainer/micro.py`).
+Writes them to an .npz file (argument 1)."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from tiny_policy import random_prompts, tiny_model  # noqa: E402
+
+from locoexp.algo.config import AlgoConfig  # noqa: E402
+from locoexp.trainer.config import TrainerConfig  # noqa: E402
+from locoexp.trainer.packing import pack_sequences  # noqa: E402
+from locoexp.trainer.trainer import Trainer  # noqa: E402
+
+MAX_NEW = 12
+LAYOUTS = {  # name: (devices, micro_batch_rows)
+    "one_device": (1, 0),
+    "fsdp4": (4, 0),
+    "fsdp4_micro1": (4, 1),
+    "fsdp4_micro2": (4, 2),
+}
+
+
+def batch():
+    """30 sequences of 5-23 tokens in rows of 32, 16 rows: four per device, some devices'
+    rows holding more loss slots than others."""
+    rng = np.random.default_rng(3)
+    prompts = random_prompts(rng.integers(3, 12, size=30).tolist(), seed=1)
+    completions = random_prompts(rng.integers(2, MAX_NEW + 1, size=30).tolist(), seed=2)
+    behaviour = [rng.normal(-2.0, 0.3, size=len(c)).astype(np.float32) for c in completions]
+    advantages = rng.normal(size=30).astype(np.float32)
+    return pack_sequences(
+        prompts, completions, behaviour, advantages, row_tokens=32, rows_multiple=4
+    )
+
+
+def main(path: str) -> None:
+    assert jax.device_count() == 4
+    data, out = batch(), {}
+    assert data.rows == 16, data.rows
+    for name, (devices, micro) in LAYOUTS.items():
+        trainer = Trainer(
+            tiny_model(seed=0),
+            AlgoConfig(learning_rate=1e-2, kl_coef=0.1),
+            TrainerConfig(logit_chunk_tokens=8, micro_batch_rows=micro),
+            mesh=Mesh(np.array(jax.devices()[:devices]), ("fsdp",)),
+            temperature=0.7,
+            max_new_tokens=MAX_NEW,
+        )
+        (loss, metrics), grads = trainer.loss_and_grads(data)
+        out[f"{name}/loss"] = np.asarray(loss)
+        for key, value in metrics.items():
+            out[f"{name}/{key}"] = np.asarray(value)
+        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(jax.device_get(grads)))[0]
+        for key_path, value in flat:
+            out[f"{name}/grad/{jax.tree_util.keystr(key_path)}"] = np.asarray(value)
+    np.savez(path, **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
