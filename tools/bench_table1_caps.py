@@ -20,8 +20,15 @@ flags. It reports:
    real length (prompt + forced 2,048 new tokens), as the trainer's blockwise kernel computes
    (it skips blocks above the diagonal but not the masked half of diagonal blocks: a few %).
 
-A micro-batched step recomputes the decoder body once (`trainer/micro.py`); that recompute is
-not in the floor: it is part of what the ratio measures. CPU figures only.
+4. the same ratio measured so that a drifting machine cannot move it: the train step alone, in
+   this process, at the run's shapes (its trainer settings as the plan resolved them, the run's
+   mean prompt length, random tokens), timed in turn with its floor's matmul rates, `--rounds`
+   times; each round's step over that round's floor, and their median. This machine's speed
+   moves by more than 1.3x over tens of minutes (experiments/LOG.md, sessions 6-7), so the
+   run's ratio (step 1-2 against a floor measured minutes later) is reported but not trusted
+   alone.
+
+CPU figures only.
 """
 
 import argparse
@@ -36,6 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
+from jax.sharding import Mesh
 from step_matmuls import (  # this folder (a script's folder is on its path)
     Shape,
     measure_shape,
@@ -46,6 +56,10 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 )
 
 from locoexp.compose import compose_config
+from locoexp.main import check_run
+from locoexp.model.checkpoint import load_model
+from locoexp.trainer.packing import pack_sequences
+from locoexp.trainer.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
@@ -127,6 +141,60 @@ def train_floor(overrides: list[str], record: dict, repeats: int) -> dict:
     }
 
 
+def standalone_batch(config, prompt_tokens: int, row_tokens: int):
+    """The run's train batch shapes: its sequences at its mean prompt length plus the forced
+    new tokens, random tokens, packed as the run packs them."""
+    d, vocab = config.dataset, config.model.vocab_size
+    n, new = d.prompts_per_step * d.samples_per_prompt, d.max_new_tokens
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, vocab, prompt_tokens).astype(np.int32) for _ in range(n)]
+    completions = [rng.integers(1, vocab, new).astype(np.int32) for _ in range(n)]
+    behaviour = [np.full(new, -1.0, np.float32)] * n
+    advantages = np.linspace(-1, 1, n).astype(np.float32)
+    return pack_sequences(prompts, completions, behaviour, advantages, row_tokens=row_tokens)
+
+
+def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: int) -> dict:
+    """The train step alone, timed in turn with its floor's rates; round by round."""
+    config = check_run(compose_config(overrides))  # micro_batch_rows as the plan resolves it
+    d, t = config.dataset, config.trainer
+    row_tokens = t.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
+    prompt = round(record["rollout/prompt_tokens_mean"])
+    batch = standalone_batch(config, prompt, row_tokens)
+    trainer = Trainer(
+        load_model(config.model, seed=config.seed),
+        config.algo,
+        t,
+        mesh=Mesh(np.array(jax.devices()[:1]), ("fsdp",)),
+        temperature=config.rollout.temperature,
+        max_new_tokens=d.max_new_tokens,
+    )
+    n = d.prompts_per_step * d.samples_per_prompt
+    terms = train_parts(
+        config.model,
+        rows=batch.rows,
+        row_tokens=row_tokens,
+        sequences=n,
+        sequence_tokens=prompt + d.max_new_tokens,
+        slots=n * d.max_new_tokens,
+        chunk=t.logit_chunk_tokens,
+    )["train_step"]
+    trainer.train_step(batch)  # compiles
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        trainer.train_step(batch)
+        step = time.perf_counter() - start
+        floor = shaped_floor_s(terms, measure_shapes([terms], repeats))
+        out.append({"step_s": step, "floor_s": floor, "ratio": step / floor})
+    return {
+        "micro_batch_rows": t.micro_batch_rows,
+        "rows": batch.rows,
+        "rounds": out,
+        "median_ratio": statistics.median(r["ratio"] for r in out),
+    }
+
+
 def summarise(run: dict, floor: dict) -> dict:
     steps = run["records"]
     timed = steps[1:] or steps  # step 0 compiles
@@ -170,10 +238,20 @@ def print_report(report: dict) -> None:
     )
     train = s["median_after_step0"]["train"]
     print(
-        f"  train {train:.1f} s / floor {f['floor_s']:.1f} s = {s['train_over_floor']:.2f}x "
-        f"(target <= {TARGETS['train_over_floor_max']}); peak RSS {report['peak_rss_gb']:.2f} GB "
+        f"  the run: train {train:.1f} s / floor {f['floor_s']:.1f} s (measured after it) = "
+        f"{s['train_over_floor']:.2f}x; peak RSS {report['peak_rss_gb']:.2f} GB "
         f"(target < {TARGETS['peak_rss_gb_max']})"
     )
+    i = report.get("interleaved")
+    if i:
+        rounds = ", ".join(
+            f"{r['step_s']:.1f} / {r['floor_s']:.1f} = {r['ratio']:.2f}x" for r in i["rounds"]
+        )
+        print(
+            f"  the train step alone ({i['rows']} rows, micro-batches of "
+            f"{i['micro_batch_rows']}), each round's step / its floor: {rounds}; median "
+            f"{i['median_ratio']:.2f}x (target <= {TARGETS['train_over_floor_max']})"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -181,6 +259,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per matmul shape")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="standalone step / floor rounds (0: none)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for run.py")
     args = parser.parse_args(argv)
     overrides = [*TABLE1_CAPS, f"steps={args.steps}", *args.overrides]
@@ -198,6 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
         "floor": floor,
         "summary": summarise(run, floor),
     }
+    if args.rounds:
+        record = run["records"][-1]
+        report["interleaved"] = interleaved_ratio(overrides, record, args.rounds, args.repeats)
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -83,8 +83,8 @@ def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
 # with no allowed (same segment, causal) entry is skipped (`lax.cond`): blocks above the
 # diagonal, padding at the end of a row, and earlier sequences of a packed row. Rows run one
 # after another (`lax.map`), so skipping is exact per row and one pair's [K, R*Q, C] tiles stay
-# small enough for the core's cache (CPU: 256-token blocks were 2x faster than 512 at
-# tiny_qwen's shapes; experiments/LOG.md, session 4).
+# small enough for the core's cache (the block size is `trainer.attention_block_tokens`; its
+# default's measurements are in trainer/config.py).
 
 
 def _row_blocks(x: Array, size: int) -> Array:

@@ -42,7 +42,10 @@ class TrainerConfig:
     # never forms [L, L] scores; splash needs a TPU, cudnn a GPU.
     attention: AttentionKind = AttentionKind.blockwise
     # Query/key block size of `blockwise`, in tokens (rows shorter than a block use one block).
-    attention_block_tokens: int = 256
+    # At Table 1's caps on CPU (rows of 2,560, the full train step, interleaved) 512 took 33.0 s
+    # against 34.9 s at 256 and 35.3 s at 1,024: fewer, larger block-pair ops, against more of
+    # each diagonal block's masked half (experiments/LOG.md, session 7).
+    attention_block_tokens: int = 512
     # What each decoder block keeps for the backward pass (see `RematPolicy`).
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
