@@ -114,9 +114,8 @@ def group_slots(
     return groups, chunks
 
 
-HeadFn = (
-    Callable  # (hidden [M, L, D], one micro-batch's slot group, carry) -> (dhidden, carry, out)
-)
+# (hidden [M, L, D], one micro-batch's slot group, carry) -> (dhidden [M, L, D], carry, out)
+HeadFn = Callable[[Array, object, object], tuple[Array, object, object]]
 
 
 def accumulate_grads(
