@@ -3,7 +3,7 @@
 The train step attends within each packed sequence (same segment id, not in the future), never
 across sequences or from padding (segment 0). `attend` dispatches on the kind; every kernel takes
 q [B, T, K*R, h], k and v [B, T, K, h] and the segment ids [B, T] and returns [B, T, K*R, h].
-Only `dense` forms [B, K, R, T, T] scores; `blockwise` keeps [K, R*Q, C] tiles of one row's block
+Only `dense` forms [B, K, R, T, T] scores; `blockwise` keeps [B, K, R*Q, C] tiles of one block
 pair at a time (forward and backward), so its memory grows linearly with T.
 
 It owns the attention numerics of full rows only: it never sees a KV cache (the engine path in
@@ -33,7 +33,7 @@ class AttentionSpec:
     """The trainer's choice of kernel (`trainer.attention`, `trainer.attention_block_tokens`)."""
 
     kind: AttentionKind = AttentionKind.dense
-    block_tokens: int = 512
+    block_tokens: int = 256
 
 
 def causal_segment_mask(segment_ids: Array) -> Array:
@@ -75,59 +75,63 @@ def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
     return jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, heads, h)
 
 
-# ---- blockwise: online softmax (flash attention) in plain JAX, one row at a time ------------
+# ---- blockwise: online softmax (flash attention) in plain JAX -------------------------------
 #
 # Each row is cut into n blocks of Q tokens. Query heads sharing a KV head are stacked into the
-# row dimension of one matmul ([K, R*Q, h] x [K, C, h]), so every block-pair product is a plain
-# batched matmul over the K KV heads with no transposed copies inside the loops. A block pair
-# with no allowed (same segment, causal) entry is skipped (`lax.cond`): blocks above the
-# diagonal, padding at the end of a row, and earlier sequences of a packed row. Rows run one
-# after another (`lax.map`), so skipping is exact per row and one pair's [K, R*Q, C] tiles stay
-# small enough for the core's cache (the block size is `trainer.attention_block_tokens`; its
+# row dimension of one matmul ([B, K, R*Q, h] x [B, K, C, h]), so every block-pair product is a
+# plain matmul batched over the rows and KV heads, with no transposed copies inside the loops.
+# All rows run together: a block pair is skipped (`lax.cond`) when no row has an allowed (same
+# segment, causal) entry in it, so blocks above the diagonal and blocks that are padding in
+# every row are never computed. Batching the rows gives each small block-pair matmul B times the
+# work, which on CPU beat running rows one after another with exact per-row skipping
+# (experiments/LOG.md, session 8). The block size is `trainer.attention_block_tokens` (its
 # default's measurements are in trainer/config.py).
 
 
-def _row_blocks(x: Array, size: int) -> Array:
-    """[T, ...] -> [n, size, ...], padding T to a multiple of `size` with zeros (padding
+def _blocks(x: Array, size: int) -> Array:
+    """[B, T, ...] -> [n, B, size, ...], padding T to a multiple of `size` with zeros (padding
     segment ids are 0, so padded keys are never attended)."""
-    n = -(-x.shape[0] // size)
-    x = jnp.pad(x, [(0, n * size - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
-    return x.reshape(n, size, *x.shape[1:])
+    b, t = x.shape[:2]
+    n = -(-t // size)
+    x = jnp.pad(x, [(0, 0), (0, n * size - t)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(b, n, size, *x.shape[2:]), 1, 0)
 
 
 def _heads_major(x: Array, kv_heads: int) -> Array:
-    """Query-like [n, Q, K*R, h] -> [n, K, R*Q, h] (row r*Q + q is head r of token q)."""
-    n, size, heads, h = x.shape
-    x = x.reshape(n, size, kv_heads, heads // kv_heads, h).transpose(0, 2, 3, 1, 4)
-    return x.reshape(n, kv_heads, heads // kv_heads * size, h)
+    """Query-like [n, B, Q, K*R, h] -> [n, B, K, R*Q, h] (row r*Q + q is head r of token q)."""
+    n, b, size, heads, h = x.shape
+    x = x.reshape(n, b, size, kv_heads, heads // kv_heads, h).transpose(0, 1, 3, 4, 2, 5)
+    return x.reshape(n, b, kv_heads, heads // kv_heads * size, h)
 
 
 def _token_major(x: Array, heads: int, t: int) -> Array:
-    """Inverse of `_heads_major` and `_row_blocks`: [n, K, R*Q, h] -> [T, K*R, h]."""
-    n, kv_heads, rows, h = x.shape
+    """Inverse of `_heads_major` and `_blocks`: [n, B, K, R*Q, h] -> [B, T, K*R, h]."""
+    n, b, kv_heads, rows, h = x.shape
     size = rows // (heads // kv_heads)
-    x = x.reshape(n, kv_heads, heads // kv_heads, size, h).transpose(0, 3, 1, 2, 4)
-    return x.reshape(n * size, heads, h)[:t]
+    x = x.reshape(n, b, kv_heads, heads // kv_heads, size, h).transpose(1, 0, 4, 2, 3, 5)
+    return x.reshape(b, n * size, heads, h)[:, :t]
 
 
 def _kv_major(x: Array) -> Array:
-    """Key-like [n, C, K, h] -> [n, K, C, h]."""
-    return x.transpose(0, 2, 1, 3)
+    """Key-like [n, B, C, K, h] -> [n, B, K, C, h] (its own inverse)."""
+    return x.transpose(0, 1, 3, 2, 4)
 
 
 def _allowed(seg_q: Array, seg_k: Array, i, j) -> Array:
-    """[Q] x [C] segment ids of query block i and key block j -> [Q, C] mask."""
-    size = seg_q.shape[0]
+    """[B, Q] x [B, C] segment ids of query block i and key block j -> [B, Q, C] mask."""
+    size = seg_q.shape[-1]
     offsets = jnp.arange(size)
     causal = (i * size + offsets)[:, None] >= (j * size + offsets)[None, :]
-    return (seg_q[:, None] == seg_k[None, :]) & causal & (seg_q[:, None] > 0)
+    same = seg_q[:, :, None] == seg_k[:, None, :]
+    return same & causal & (seg_q[:, :, None] > 0)
 
 
 def _masked(allowed: Array, x: Array, fill: float) -> Array:
-    """x [K, R*Q, C] with `fill` where the [Q, C] mask is False (for every head)."""
-    kv_heads, rows, c = x.shape
-    q = allowed.shape[0]
-    return jnp.where(allowed, x.reshape(kv_heads, rows // q, q, c), fill).reshape(x.shape)
+    """x [B, K, R*Q, C] with `fill` where the [B, Q, C] mask is False (for every head)."""
+    b, kv_heads, rows, c = x.shape
+    q = allowed.shape[1]
+    x = x.reshape(b, kv_heads, rows // q, q, c)
+    return jnp.where(allowed[:, None, None], x, fill).reshape(b, kv_heads, rows, c)
 
 
 def _if_any(allowed: Array, visit, carry):
@@ -136,8 +140,8 @@ def _if_any(allowed: Array, visit, carry):
 
 
 def _flash_forward(q, k, v, seg):
-    """One row's blocks (q [n, K, R*Q, h] scaled by 1/sqrt(h), k and v [n, K, C, h], seg
-    [n, Q]) -> out [n, K, R*Q, h] and log-sum-exps [n, K, R*Q] (0 where nothing is attended)."""
+    """Blocks (q [n, B, K, R*Q, h] scaled by 1/sqrt(h), k and v [n, B, K, C, h], seg [n, B, Q])
+    -> out [n, B, K, R*Q, h] and log-sum-exps [n, B, K, R*Q] (0 where nothing is attended)."""
 
     def query_block(i):
         qi = q[i]
@@ -146,12 +150,12 @@ def _flash_forward(q, k, v, seg):
             allowed = _allowed(seg[i], seg[j], i, j)
 
             def visit(carry):
-                top, total, acc = carry  # [K, R*Q] x2, [K, R*Q, h]
-                scores = _masked(allowed, _einsum32("kxh,kch->kxc", qi, k[j]), -jnp.inf)
+                top, total, acc = carry  # [B, K, R*Q] x2, [B, K, R*Q, h]
+                scores = _masked(allowed, _einsum32("bkxh,bkch->bkxc", qi, k[j]), -jnp.inf)
                 new_top = jnp.maximum(top, scores.max(-1))
                 probs = jnp.exp(scores - new_top[..., None])
                 decay = jnp.exp(top - new_top)
-                pv = _einsum32("kxc,kch->kxh", probs.astype(v.dtype), v[j])
+                pv = _einsum32("bkxc,bkch->bkxh", probs.astype(v.dtype), v[j])
                 return new_top, decay * total + probs.sum(-1), acc * decay[..., None] + pv
 
             return _if_any(allowed, visit, carry)
@@ -175,7 +179,7 @@ def _flash_backward(q, k, v, seg, out, lse, dout):
     """dq (by the scaled q), dk, dv blocks from the forward's out and log-sum-exps, recomputing
     each block pair's probabilities (FlashAttention-2's backward): no [T, T] array is formed."""
     n = q.shape[0]
-    delta = (dout.astype(jnp.float32) * out.astype(jnp.float32)).sum(-1)  # [n, K, R*Q]
+    delta = (dout.astype(jnp.float32) * out.astype(jnp.float32)).sum(-1)  # [n, B, K, R*Q]
 
     def key_block(dq, j):
         kj, vj = k[j], v[j]
@@ -186,13 +190,13 @@ def _flash_backward(q, k, v, seg, out, lse, dout):
             def visit(carry):
                 dk, dv, dq = carry
                 qi, doi = q[i], dout[i]
-                scores = _einsum32("kxh,kch->kxc", qi, kj)
+                scores = _einsum32("bkxh,bkch->bkxc", qi, kj)
                 probs = _masked(allowed, jnp.exp(scores - lse[i][..., None]), 0.0)
-                dv = dv + _einsum32("kxc,kxh->kch", probs, doi)
-                dscores = probs * (_einsum32("kxh,kch->kxc", doi, vj) - delta[i][..., None])
-                dq_i = _einsum32("kxc,kch->kxh", dscores, kj)
+                dv = dv + _einsum32("bkxc,bkxh->bkch", probs, doi)
+                dscores = probs * (_einsum32("bkxh,bkch->bkxc", doi, vj) - delta[i][..., None])
+                dq_i = _einsum32("bkxc,bkch->bkxh", dscores, kj)
                 dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i, i, 0)
-                return dk + _einsum32("kxc,kxh->kch", dscores, qi), dv, dq
+                return dk + _einsum32("bkxc,bkxh->bkch", dscores, qi), dv, dq
 
             return _if_any(allowed, visit, carry)
 
@@ -208,45 +212,42 @@ def _block_size(t: int, block_tokens: int) -> int:
     return min(block_tokens, -(-t // 8) * 8)  # rows shorter than a block use one block
 
 
-def _row_inputs(q, k, v, segment_ids, block_tokens):
-    """One row's q [T, K*R, h], k, v [T, K, h], seg [T] in blocks (q scaled by 1/sqrt(h))."""
-    size = _block_size(q.shape[0], block_tokens)
-    kv_heads, scale = k.shape[1], q.shape[-1] ** -0.5
-    qb = _heads_major(_row_blocks(q * jnp.asarray(scale, q.dtype), size), kv_heads)
-    kb, vb = (_kv_major(_row_blocks(x, size)) for x in (k, v))
-    return qb, kb, vb, _row_blocks(segment_ids, size)
+def _blocked_inputs(q, k, v, segment_ids, block_tokens):
+    """q [B, T, K*R, h], k, v [B, T, K, h], seg [B, T] in blocks (q scaled by 1/sqrt(h))."""
+    size = _block_size(q.shape[1], block_tokens)
+    kv_heads, scale = k.shape[2], q.shape[-1] ** -0.5
+    qb = _heads_major(_blocks(q * jnp.asarray(scale, q.dtype), size), kv_heads)
+    kb, vb = (_kv_major(_blocks(x, size)) for x in (k, v))
+    return qb, kb, vb, _blocks(segment_ids, size)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _row_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
-    out, _ = _row_attention_fwd(q, k, v, segment_ids, block_tokens)
+def blockwise_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
+    """Flash-attention-style attention in blocks of `block_tokens` (both directions); memory is
+    O(T) per row plus one block pair's [B, K, R*Q, C] tiles."""
+    out, _ = _blockwise_fwd(q, k, v, segment_ids, block_tokens)
     return out
 
 
-def _row_attention_fwd(q, k, v, segment_ids, block_tokens):
-    out, lse = _flash_forward(*_row_inputs(q, k, v, segment_ids, block_tokens))
-    result = _token_major(out, q.shape[1], q.shape[0])
+def _blockwise_fwd(q, k, v, segment_ids, block_tokens):
+    out, lse = _flash_forward(*_blocked_inputs(q, k, v, segment_ids, block_tokens))
+    result = _token_major(out, q.shape[2], q.shape[1])
     return result, (q, k, v, segment_ids, out, lse)
 
 
-def _row_attention_bwd(block_tokens, residuals, dout):
+def _blockwise_bwd(block_tokens, residuals, dout):
     q, k, v, segment_ids, out, lse = residuals
-    qb, kb, vb, sb = _row_inputs(q, k, v, segment_ids, block_tokens)
-    dout_b = _heads_major(_row_blocks(dout, _block_size(q.shape[0], block_tokens)), k.shape[1])
+    qb, kb, vb, sb = _blocked_inputs(q, k, v, segment_ids, block_tokens)
+    size = _block_size(q.shape[1], block_tokens)
+    dout_b = _heads_major(_blocks(dout, size), k.shape[2])
     dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b)
-    t, scale = q.shape[0], q.shape[-1] ** -0.5
-    dk, dv = (_kv_major(x).reshape(-1, *k.shape[1:])[:t] for x in (dk, dv))
-    dq = _token_major(dq, q.shape[1], t) * scale
+    b, t, scale = q.shape[0], q.shape[1], q.shape[-1] ** -0.5
+    dk, dv = (_kv_major(x).swapaxes(0, 1).reshape(b, -1, *k.shape[2:])[:, :t] for x in (dk, dv))
+    dq = _token_major(dq, q.shape[2], t) * scale
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-_row_attention.defvjp(_row_attention_fwd, _row_attention_bwd)
-
-
-def blockwise_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
-    """Flash-attention-style attention in blocks of `block_tokens` (both directions), row by
-    row; memory per row is O(T) plus one block pair's tiles."""
-    return jax.lax.map(lambda row: _row_attention(*row, block_tokens), (q, k, v, segment_ids))
+blockwise_attention.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 # ---- backend kernels -------------------------------------------------------------------------

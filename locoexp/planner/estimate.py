@@ -182,13 +182,13 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
 
 
 def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
-    """Blockwise attention's backward holds [H, block, block] float32 tiles of one row's block
-    pair (scores, probabilities, their gradients, the mask; rows run one at a time) and a
-    float32 dq of the micro-batch."""
+    """Blockwise attention's backward holds [m, H, block, block] float32 tiles of one block pair
+    (scores, probabilities, their gradients, the mask; the micro-batch's m rows run together)
+    and a float32 dq of the micro-batch."""
     if shape.attention is AttentionKind.dense:
         return 0
     block = min(shape.attention_block, shape.row_tokens)
-    tiles = BLOCKWISE_TILE_COPIES * c.num_heads * block * block * F32
+    tiles = BLOCKWISE_TILE_COPIES * shape.micro_batch_rows * c.num_heads * block * block * F32
     dq = shape.micro_batch_rows * shape.row_tokens * c.num_heads * c.head_dim * F32
     return tiles + dq
 

@@ -42,10 +42,12 @@ class TrainerConfig:
     # never forms [L, L] scores; splash needs a TPU, cudnn a GPU.
     attention: AttentionKind = AttentionKind.blockwise
     # Query/key block size of `blockwise`, in tokens (rows shorter than a block use one block).
-    # At Table 1's caps on CPU (rows of 2,560, the full train step, interleaved) 512 took 33.0 s
-    # against 34.9 s at 256 and 35.3 s at 1,024: fewer, larger block-pair ops, against more of
-    # each diagonal block's masked half (experiments/LOG.md, session 7).
-    attention_block_tokens: int = 512
+    # At Table 1's caps on CPU (rows of 2,560 holding 2,133 real tokens, micro-batches of 2
+    # rows; the body's forward + backward alone, interleaved) 256 took 7.04 s against 7.63 s at
+    # 512 and 6.87 s at 320: smaller blocks waste less of each diagonal block's masked half and
+    # of the last block's padding, against more, smaller block-pair matmuls (experiments/LOG.md,
+    # session 8).
+    attention_block_tokens: int = 256
     # What each decoder block keeps for the backward pass (see `RematPolicy`).
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
