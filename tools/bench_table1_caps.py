@@ -20,10 +20,12 @@ flags. It reports:
    real length (prompt + forced 2,048 new tokens), as the trainer's blockwise kernel computes
    (it skips blocks above the diagonal but not the masked half of diagonal blocks: a few %).
 
-4. the same ratio measured so that a drifting machine cannot move it: the train step alone, in
+4. the same ratio measured so that a drifting machine moves it less: the train step alone, in
    this process, at the run's shapes (its trainer settings as the plan resolved them, the run's
-   mean prompt length, random tokens), timed in turn with its floor's matmul rates, `--rounds`
-   times; each round's step over that round's floor, and their median. This machine's speed
+   mean prompt length, random tokens), `--rounds` times, each between two measurements of its
+   floor's matmul rates (floor, step, floor, step, ..., floor); each round's step over the mean
+   of the floors on either side of it (a drift that is linear over the round cancels), and
+   their median. This machine's speed
    moves by more than 1.3x over tens of minutes (experiments/LOG.md, sessions 6-7), so the
    run's ratio (step 1-2 against a floor measured minutes later) is reported but not trusted
    alone.
@@ -155,7 +157,7 @@ def standalone_batch(config, prompt_tokens: int, row_tokens: int):
 
 
 def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: int) -> dict:
-    """The train step alone, timed in turn with its floor's rates; round by round."""
+    """The train step alone, each time between two measurements of its floor; round by round."""
     config = check_run(compose_config(overrides))  # micro_batch_rows as the plan resolves it
     d, t = config.dataset, config.trainer
     row_tokens = t.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
@@ -180,12 +182,14 @@ def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: 
         chunk=t.logit_chunk_tokens,
     )["train_step"]
     trainer.train_step(batch)  # compiles
-    out = []
-    for _ in range(rounds):
+    floor_of = lambda: shaped_floor_s(terms, measure_shapes([terms], repeats))  # noqa: E731
+    floors, out = [floor_of()], []
+    for _ in range(rounds):  # floor, step, floor, step, ..., floor
         start = time.perf_counter()
         trainer.train_step(batch)
         step = time.perf_counter() - start
-        floor = shaped_floor_s(terms, measure_shapes([terms], repeats))
+        floors.append(floor_of())
+        floor = (floors[-2] + floors[-1]) / 2  # the floors on either side: a linear drift cancels
         out.append({"step_s": step, "floor_s": floor, "ratio": step / floor})
     return {
         "micro_batch_rows": t.micro_batch_rows,
@@ -249,7 +253,8 @@ def print_report(report: dict) -> None:
         )
         print(
             f"  the train step alone ({i['rows']} rows, micro-batches of "
-            f"{i['micro_batch_rows']}), each round's step / its floor: {rounds}; median "
+            f"{i['micro_batch_rows']}), each round's step / the mean of the floors measured "
+            f"before and after it: {rounds}; median "
             f"{i['median_ratio']:.2f}x (target <= {TARGETS['train_over_floor_max']})"
         )
 
