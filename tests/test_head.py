@@ -12,7 +12,7 @@ from locoexp.algo.config import LossAggregation
 from locoexp.algo.grpo import policy_loss
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
-from locoexp.trainer.head import HeadLossSpec, head_loss
+from locoexp.trainer.head import _SHIFT_PROBE, HeadLossSpec, _chunk_step, head_loss, slot_fields
 from locoexp.trainer.packing import pack_sequences, train_view
 from locoexp.trainer.trainer import head_weight, loss_position_hidden, token_logprobs
 
@@ -35,6 +35,20 @@ def _batch(k_pad: int, seed: int = 0):
     return jax.tree.map(jnp.asarray, dataclasses.replace(view, ref_logprobs=ref))
 
 
+def _spec(**changes) -> HeadLossSpec:
+    """The fused loss's settings in these tests (chunks of 8: K = 28 pads the last one)."""
+    spec = HeadLossSpec(
+        clip_eps_low=0.2,
+        clip_eps_high=0.28,
+        kl_coef=0.0,
+        tis_cap=2.0,
+        aggregation=LossAggregation.token_mean,
+        temperature=0.7,
+        chunk=8,
+    )
+    return dataclasses.replace(spec, **changes)
+
+
 @pytest.mark.parametrize(
     ("tied", "aggregation", "kl_coef"),
     [
@@ -55,15 +69,7 @@ def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef
     )
     graphdef, params = nnx.split(build_model(config, seed=0), nnx.Param)
     batch = _batch(k_pad=28)  # not a multiple of the chunk: the last chunk is padded
-    spec = HeadLossSpec(
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
-        kl_coef=kl_coef,
-        tis_cap=2.0,
-        aggregation=aggregation,
-        temperature=0.7,
-        chunk=8,
-    )
+    spec = _spec(kl_coef=kl_coef, aggregation=aggregation)
 
     def fused(p):
         model = nnx.merge(graphdef, p)
@@ -114,15 +120,7 @@ def test_bfloat16_parameters_train_with_bfloat16_gradients():
     )
     graphdef, params = nnx.split(build_model(config, seed=0), nnx.Param)
     batch = _batch(k_pad=28)
-    spec = HeadLossSpec(
-        clip_eps_low=0.2,
-        clip_eps_high=0.2,
-        kl_coef=0.0,
-        tis_cap=2.0,
-        aggregation=LossAggregation.token_mean,
-        temperature=1.0,
-        chunk=8,
-    )
+    spec = _spec(clip_eps_high=0.2, temperature=1.0)
 
     def fused(p):
         model = nnx.merge(graphdef, p)
@@ -131,3 +129,53 @@ def test_bfloat16_parameters_train_with_bfloat16_gradients():
     grads = jax.grad(fused)(params)
     assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
     assert all(bool(jnp.isfinite(g.astype(jnp.float32)).all()) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize(("best_logit", "falls_back"), [(30.0, False), (100.0, True)])
+def test_the_fast_softmax_shift_gives_the_exact_head_and_falls_back_when_it_overflows(
+    best_logit, falls_back
+):
+    """A vocabulary wider than the probe (`_SHIFT_PROBE`), whose best token lies beyond it: the
+    fast shift (target or probed logit) sits `best_logit` / 0.7 below the row max. Within 60 nats
+    the fast path is kept, beyond it the head reruns with the row max; both equal autodiff of
+    the plain log-softmax."""
+    vocab, width = _SHIFT_PROBE + 808, 8
+    batch = _batch(k_pad=28)
+    rng = np.random.default_rng(1)
+    hidden = rng.normal(size=(28, width)).astype(np.float32)
+    hidden[:, 0] = 1.0 + 0.05 * rng.normal(size=28)
+    weight = (0.1 * rng.normal(size=(vocab, width))).astype(np.float32)
+    weight[-1] = 0.0
+    weight[-1, 0] = best_logit  # logit ~best_logit for every slot, outside the probe
+    hidden, weight = jnp.asarray(hidden), jnp.asarray(weight)
+    spec = _spec()
+    fields = {k: v[:8] for k, v in slot_fields(spec, batch).items()}
+    step = _chunk_step(spec, weight, 1.0, jnp.zeros(weight.shape), hidden[:8], fields, False)
+    assert bool(step[-1]) is falls_back  # the path under test is the one taken
+
+    def plain(hidden, weight):
+        logits = (hidden / 0.7) @ weight.T
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch.loss_targets[:, None], -1)[
+            :, 0
+        ]
+        return policy_loss(
+            logp,
+            jax.lax.stop_gradient(logp),
+            batch.advantages,
+            batch.loss_mask,
+            aggregation=LossAggregation.token_mean,
+            normalizer=batch.normalizer,
+            clip_eps_low=0.2,
+            clip_eps_high=0.28,
+            kl_coef=0.0,
+            ref_logp=batch.ref_logprobs,
+            behaviour_logp=batch.behaviour_logprobs,
+            tis_cap=2.0,
+        )[0]
+
+    fused = lambda hidden, weight: head_loss(spec, hidden, weight, batch)[0]  # noqa: E731
+    loss_f, grads_f = jax.value_and_grad(fused, argnums=(0, 1))(hidden, weight)
+    loss_p, grads_p = jax.value_and_grad(plain, argnums=(0, 1))(hidden, weight)
+    np.testing.assert_allclose(loss_f, loss_p, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads_f, grads_p, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -97,7 +97,10 @@ class TrainerMemory:
     inputs: int  # the packed batch's int32 / float32 arrays
     gathered_block: int
     activations: int  # one micro-batch, by the remat policy
-    head_gradient: int  # the float32 [V, D] accumulator of the fused head (two with micro-batches)
+    # the fused head's float32 [V, D] accumulator; with micro-batches three: the running sum,
+    # the group's input kept for the exact rerun (trainer/head.py, `_exact_if_needed`), and the
+    # dW matmul's own output
+    head_gradient: int
     head_chunk: int  # one chunk's logits and the hidden states' gradient at the head's input
     head_in_micro_batches: bool  # the head runs beside the activations and gradient sums
     offloaded: int  # remat=offload: saved activations in host memory (not on the device)
@@ -216,7 +219,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
         activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
         + _attention_tiles(c, shape),
-        head_gradient=(2 if micro else 1) * c.vocab_size * c.hidden_dim * F32,
+        head_gradient=(3 if micro else 1) * c.vocab_size * c.hidden_dim * F32,
         head_chunk=head_states + chunk * c.vocab_size * F32,
         head_in_micro_batches=micro,
         offloaded=offloaded,

@@ -17,6 +17,7 @@ Shapes: K loss slots, D width, V vocabulary, C chunk size.
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,25 @@ class HeadLossSpec:
     aggregation: LossAggregation
     temperature: float
     chunk: int
+
+
+# The softmax's shift. Any per-row shift s gives the same log-probs and gradients, so long as
+# total = sum_v exp(l_v - s) neither overflows nor underflows in float32. The row max (total in
+# [1, V]) costs a full read of the chunk's [C, V] logits: 1.1 of the 25 s the head takes at
+# Table 1's caps on CPU (experiments/LOG.md, session 8). The fast shift is the larger of the
+# target's logit and the max over the first `_SHIFT_PROBE` vocabulary entries: it is one of the
+# logits, so total >= 1; the whole head is recomputed with the row max when any slot's total
+# exceeds `_MAX_TOTAL` (a target more than 60 nats below the best token and no probed logit
+# near it), so the result is exact either way and the [C, V] arrays stay far from overflow.
+_SHIFT_PROBE = 8192
+_MAX_TOTAL = math.exp(60.0)
+
+
+def _exact_if_needed(run):
+    """run(exact) -> (outputs, overflowed): the fast shift's outputs, or the row max's where a
+    chunk's total overflowed (`_MAX_TOTAL`)."""
+    outputs, overflowed = run(False)
+    return jax.lax.cond(overflowed, lambda: run(True)[0], lambda: outputs)
 
 
 def _chunked(x: jax.Array, size: int) -> jax.Array:
@@ -65,18 +85,24 @@ def _objective(spec: HeadLossSpec, denominator: jax.Array, logp: jax.Array, c: d
     return (per_token * c["mask"]).sum() / denominator, terms
 
 
-def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict):
+def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict, exact: bool):
     """One chunk of C slots (hidden states h [C, D], per-slot fields c): the chunk's loss, its
-    per-term sums, dLoss/dh [C, D], and `dweight` [V, D] float32 plus the chunk's dLoss/dW.
-    Slots with mask 0 contribute nothing (their dLoss/dlogp is 0)."""
+    per-term sums, dLoss/dh [C, D], `dweight` [V, D] float32 plus the chunk's dLoss/dW, and
+    whether the fast shift overflowed (always False when `exact`: the row max, see
+    `_SHIFT_PROBE`). Slots with mask 0 contribute nothing (their dLoss/dlogp is 0)."""
     scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
     targets = c["targets"]
     # the temperature scales h ([C, D]) rather than the [C, V] logits: no extra [C, V] pass
     logits = ((h * jnp.asarray(scale, h.dtype)) @ weight.T).astype(jnp.float32)  # [C, V]
-    top = jnp.max(logits, axis=-1)
-    unnormalised = jnp.exp(logits - top[:, None])  # softmax * total
+    target_logit = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0]
+    if exact:
+        shift = jnp.max(logits, axis=-1)
+    else:
+        shift = jnp.maximum(target_logit, jnp.max(logits[:, :_SHIFT_PROBE], axis=-1))
+    unnormalised = jnp.exp(logits - shift[:, None])  # softmax * total
     total = unnormalised.sum(-1)
-    logp = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0] - top - jnp.log(total)
+    overflowed = jnp.logical_not(jnp.all(total <= _MAX_TOTAL))  # inf and NaN fail too
+    logp = target_logit - shift - jnp.log(total)
     objective = functools.partial(_objective, spec, denominator)
     (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
     # dLoss/dlogits = g * scale * (onehot(target) - softmax). Both terms go to the [C, D]
@@ -91,7 +117,7 @@ def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict):
     dweight = dweight + unnormalised.T @ (a[:, None] * hidden32)
     dweight = dweight.at[targets].add(onehot_rows * hidden32)
     sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
-    return dweight, loss, sums, dh.astype(h.dtype)
+    return dweight, loss, sums, dh.astype(h.dtype), overflowed
 
 
 def slot_fields(spec: HeadLossSpec, batch: TrainBatch) -> dict[str, jax.Array]:
@@ -120,12 +146,19 @@ def head_loss_and_grads(
     per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
     chunks = jax.tree.map(lambda x: _chunked(x, size), {"hidden": hidden, **per_slot})
 
-    def step(dweight, c):
-        h = c.pop("hidden")
-        dweight, loss, sums, dh = _chunk_step(spec, weight, denominator, dweight, h, c)
-        return dweight, (loss, sums, dh)
+    def run(exact: bool):
+        def step(dweight, c):
+            h = c.pop("hidden")
+            dweight, loss, sums, dh, over = _chunk_step(
+                spec, weight, denominator, dweight, h, c, exact
+            )
+            return dweight, (loss, sums, dh, over)
 
-    dweight, (losses, sums, dh) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32), chunks)
+        dweight = jnp.zeros(weight.shape, jnp.float32)
+        dweight, (losses, sums, dh, over) = jax.lax.scan(step, dweight, chunks)
+        return (dweight, losses, sums, dh), over.any()
+
+    dweight, losses, sums, dh = _exact_if_needed(run)
     count = jnp.maximum(mask.sum(), 1.0)
     metrics = {key: value.sum() / count for key, value in sums.items()}
     return losses.sum(), metrics, dh.reshape(-1, hidden.shape[1])[:k], dweight.astype(weight.dtype)
@@ -158,21 +191,27 @@ def head_grads_at_slots(
         take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=1)  # noqa: E731
         return {key: take(x).reshape(lanes * size) for key, x in slots.items()}
 
-    def chunk_step(dweight, i):
-        c = chunk_of(i)
-        index = c.pop("index")
-        return index, _chunk_step(spec, weight, denominator, dweight, hidden[index], c)
+    def run(exact: bool):
+        def chunk_step(dweight, i):
+            c = chunk_of(i)
+            index = c.pop("index")
+            step = _chunk_step(spec, weight, denominator, dweight, hidden[index], c, exact)
+            return index, step
 
-    def body(i, carry):
-        dweight, loss, sums, dhidden = carry
-        index, (dweight, chunk_loss, chunk_sums, dh) = chunk_step(dweight, i)
-        sums = jax.tree.map(jnp.add, sums, chunk_sums)
-        return dweight, loss + chunk_loss, sums, dhidden.at[index].add(dh)
+        def body(i, carry):
+            dweight, loss, sums, dhidden, over = carry
+            index, (dweight, chunk_loss, chunk_sums, dh, chunk_over) = chunk_step(dweight, i)
+            sums = jax.tree.map(jnp.add, sums, chunk_sums)
+            return dweight, loss + chunk_loss, sums, dhidden.at[index].add(dh), over | chunk_over
 
-    sums = jax.eval_shape(chunk_step, dweight, 0)[1][2]  # the loss terms' names
-    zero = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
-    init = (dweight, jnp.zeros((), jnp.float32), jax.tree.map(zero, sums), jnp.zeros_like(hidden))
-    dweight, loss, sums, dhidden = jax.lax.fori_loop(0, chunks, body, init)
+        sums = jax.eval_shape(chunk_step, dweight, 0)[1][2]  # the loss terms' names
+        zero = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+        init = (dweight, jnp.zeros((), jnp.float32), jax.tree.map(zero, sums))
+        init += (jnp.zeros_like(hidden), jnp.zeros((), bool))
+        *outputs, over = jax.lax.fori_loop(0, chunks, body, init)
+        return tuple(outputs), over
+
+    dweight, loss, sums, dhidden = _exact_if_needed(run)
     return loss, sums, dhidden, dweight
 
 
