@@ -53,6 +53,7 @@ from locoexp.placement.loop import LoopClock, LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
 from locoexp.planner import Roles, Setup, check_fit, describe_plan
+from locoexp.planner.plan import trainer_row_tokens
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
@@ -545,8 +546,7 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
     return StepSettings(
         group_size=d.samples_per_prompt,
         max_new_tokens=d.max_new_tokens,
-        row_tokens=config.trainer.row_tokens
-        or _round_up(d.max_prompt_tokens + d.max_new_tokens, 8),
+        row_tokens=trainer_row_tokens(d, config.trainer),
         loss_slot_multiple=math.lcm(
             min(chunk, d.samples_per_prompt * d.max_new_tokens), local_devices
         ),
@@ -559,7 +559,3 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
         opt=config.opt,
         seed=config.seed,
     )
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple

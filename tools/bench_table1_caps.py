@@ -25,10 +25,9 @@ flags. It reports:
    mean prompt length, random tokens), `--rounds` times, each between two measurements of its
    floor's matmul rates (floor, step, floor, step, ..., floor); each round's step over the mean
    of the floors on either side of it (a drift that is linear over the round cancels), and
-   their median. This machine's speed
-   moves by more than 1.3x over tens of minutes (experiments/LOG.md, sessions 6-7), so the
-   run's ratio (step 1-2 against a floor measured minutes later) is reported but not trusted
-   alone.
+   their median. This machine's speed moves by more than 1.3x over tens of minutes
+   (experiments/LOG.md, sessions 6-8), so the run's ratio (step 1-2 against a floor measured
+   minutes later) is reported but not trusted alone.
 
 CPU figures only.
 """
@@ -60,6 +59,7 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 from locoexp.compose import compose_config
 from locoexp.main import check_run
 from locoexp.model.checkpoint import load_model
+from locoexp.planner.plan import trainer_row_tokens
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer
 
@@ -113,23 +113,27 @@ def run_workload(overrides: list[str], run_dir: Path) -> dict:
     }
 
 
+def train_terms(config, *, rows: int, prompt_tokens: int):
+    """The train step's matmul terms at the run's shapes: `rows` packed rows, sequences of
+    `prompt_tokens` plus the forced new tokens, the head over every new token."""
+    d = config.dataset
+    n = d.prompts_per_step * d.samples_per_prompt
+    return train_parts(
+        config.model,
+        rows=rows,
+        row_tokens=trainer_row_tokens(d, config.trainer),
+        sequences=n,
+        sequence_tokens=prompt_tokens + d.max_new_tokens,
+        slots=n * d.max_new_tokens,
+        chunk=config.trainer.logit_chunk_tokens,
+    )["train_step"]
+
+
 def train_floor(overrides: list[str], record: dict, repeats: int) -> dict:
     """The train step's FLOPs at its own shapes over the rates measured at those shapes."""
     config = compose_config(overrides)
-    m, d, t = config.model, config.dataset, config.trainer
-    n = d.prompts_per_step * d.samples_per_prompt
-    row_tokens = t.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
-    prompt = record["rollout/prompt_tokens_mean"]
-    parts = train_parts(
-        m,
-        rows=int(record["train/rows"]),
-        row_tokens=row_tokens,
-        sequences=n,
-        sequence_tokens=round(prompt) + d.max_new_tokens,
-        slots=n * d.max_new_tokens,
-        chunk=t.logit_chunk_tokens,
-    )
-    terms = parts["train_step"]
+    prompt = round(record["rollout/prompt_tokens_mean"])
+    terms = train_terms(config, rows=int(record["train/rows"]), prompt_tokens=prompt)
     rates = measure_shapes([terms], repeats)
     square = measure_shape(SQUARE, repeats)
     flops = total_flops(terms)
@@ -160,9 +164,8 @@ def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: 
     """The train step alone, each time between two measurements of its floor; round by round."""
     config = check_run(compose_config(overrides))  # micro_batch_rows as the plan resolves it
     d, t = config.dataset, config.trainer
-    row_tokens = t.row_tokens or -(-(d.max_prompt_tokens + d.max_new_tokens) // 8) * 8
     prompt = round(record["rollout/prompt_tokens_mean"])
-    batch = standalone_batch(config, prompt, row_tokens)
+    batch = standalone_batch(config, prompt, trainer_row_tokens(d, t))
     trainer = Trainer(
         load_model(config.model, seed=config.seed),
         config.algo,
@@ -171,16 +174,7 @@ def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: 
         temperature=config.rollout.temperature,
         max_new_tokens=d.max_new_tokens,
     )
-    n = d.prompts_per_step * d.samples_per_prompt
-    terms = train_parts(
-        config.model,
-        rows=batch.rows,
-        row_tokens=row_tokens,
-        sequences=n,
-        sequence_tokens=prompt + d.max_new_tokens,
-        slots=n * d.max_new_tokens,
-        chunk=t.logit_chunk_tokens,
-    )["train_step"]
+    terms = train_terms(config, rows=batch.rows, prompt_tokens=prompt)
     trainer.train_step(batch)  # compiles
     floor_of = lambda: shaped_floor_s(terms, measure_shapes([terms], repeats))  # noqa: E731
     floors, out = [floor_of()], []
