@@ -19,7 +19,7 @@ from locoexp.model.attention import (
     dense_attention,
     splash_attention,
 )
-from locoexp.model.config import AttentionKind, RematPolicy
+from locoexp.model.config import AttentionKind, RematPolicy, attention_block
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 KV_HEADS, PER_KV, HEAD_DIM = 2, 2, 16
@@ -69,6 +69,27 @@ def test_blockwise_equals_dense_in_values_and_gradients(block):
 def test_blockwise_equals_dense_when_the_row_is_not_a_multiple_of_the_block():
     inputs = packed_inputs(2, 37, [[12, 20], [3, 3, 31]], seed=3)
     assert_matches_dense(lambda q, k, v, s: blockwise_attention(q, k, v, s, 16), *inputs)
+
+
+def test_a_row_is_cut_into_the_fewest_equal_blocks():
+    """At most `block_tokens` per block, a multiple of 8, and less than 8 padding tokens per
+    block: a row just past a multiple of the block gets two equal blocks, not a padded third."""
+    assert attention_block(264, 256) == 136  # not 256 + 8 padded to 512
+    assert attention_block(2560, 256) == 256 and attention_block(40, 512) == 40
+    for tokens in range(1, 700, 7):
+        for block_tokens in (8, 16, 128, 256):
+            size = attention_block(tokens, block_tokens)
+            blocks = -(-tokens // size)
+            assert size <= block_tokens and size % 8 == 0
+            assert blocks == -(-tokens // block_tokens)  # no more blocks than the largest size
+            assert blocks * size - tokens < 8 * blocks
+
+
+def test_attend_cuts_a_row_past_a_block_into_equal_blocks():
+    """A 40-token row at block_tokens=32 runs as 2 blocks of 24 and still equals dense."""
+    inputs = packed_inputs(2, 40, [[33, 7], [17]], seed=5)
+    spec = AttentionSpec(kind=AttentionKind.blockwise, block_tokens=32)
+    assert_matches_dense(lambda q, k, v, s: attend(spec, q, k, v, s), *inputs)
 
 
 def test_blockwise_backward_keeps_no_row_by_row_array():

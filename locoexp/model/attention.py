@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from locoexp.model.config import AttentionKind
+from locoexp.model.config import AttentionKind, attention_block
 
 Array = jax.Array
 
@@ -84,8 +84,9 @@ def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
 # segment, causal) entry in it, so blocks above the diagonal and blocks that are padding in
 # every row are never computed. Batching the rows gives each small block-pair matmul B times the
 # work, which on CPU beat running rows one after another with exact per-row skipping
-# (experiments/LOG.md, session 8). The block size is `trainer.attention_block_tokens` (its
-# default's measurements are in trainer/config.py).
+# (experiments/LOG.md, session 8). A row is cut into the fewest equal blocks of at most
+# `trainer.attention_block_tokens` (`attention_block`; the default's measurements are in
+# trainer/config.py).
 
 
 def _blocks(x: Array, size: int) -> Array:
@@ -208,13 +209,9 @@ def _flash_backward(q, k, v, seg, out, lse, dout):
     return dq, dk, dv
 
 
-def _block_size(t: int, block_tokens: int) -> int:
-    return min(block_tokens, -(-t // 8) * 8)  # rows shorter than a block use one block
-
-
 def _blocked_inputs(q, k, v, segment_ids, block_tokens):
     """q [B, T, K*R, h], k, v [B, T, K, h], seg [B, T] in blocks (q scaled by 1/sqrt(h))."""
-    size = _block_size(q.shape[1], block_tokens)
+    size = attention_block(q.shape[1], block_tokens)
     kv_heads, scale = k.shape[2], q.shape[-1] ** -0.5
     qb = _heads_major(_blocks(q * jnp.asarray(scale, q.dtype), size), kv_heads)
     kb, vb = (_kv_major(_blocks(x, size)) for x in (k, v))
@@ -238,7 +235,7 @@ def _blockwise_fwd(q, k, v, segment_ids, block_tokens):
 def _blockwise_bwd(block_tokens, residuals, dout):
     q, k, v, segment_ids, out, lse = residuals
     qb, kb, vb, sb = _blocked_inputs(q, k, v, segment_ids, block_tokens)
-    size = _block_size(q.shape[1], block_tokens)
+    size = attention_block(q.shape[1], block_tokens)
     dout_b = _heads_major(_blocks(dout, size), k.shape[2])
     dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b)
     b, t, scale = q.shape[0], q.shape[1], q.shape[-1] ** -0.5

@@ -48,7 +48,7 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
 import dataclasses
 import math
 
-from locoexp.model.config import DType, ModelConfig
+from locoexp.model.config import DType, ModelConfig, attention_block
 from locoexp.model.sizes import count_block_parameters, count_embedding_parameters
 from locoexp.trainer.config import AttentionKind, RematPolicy
 
@@ -190,7 +190,7 @@ def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
     and a float32 dq of the micro-batch."""
     if shape.attention is AttentionKind.dense:
         return 0
-    block = min(shape.attention_block, shape.row_tokens)
+    block = attention_block(shape.row_tokens, shape.attention_block)
     tiles = BLOCKWISE_TILE_COPIES * shape.micro_batch_rows * c.num_heads * block * block * F32
     dq = shape.micro_batch_rows * shape.row_tokens * c.num_heads * c.head_dim * F32
     return tiles + dq

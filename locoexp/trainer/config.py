@@ -41,7 +41,8 @@ class TrainerConfig:
     # Attention kernel of the train step (see `AttentionKind`): blockwise runs everywhere and
     # never forms [L, L] scores; splash needs a TPU, cudnn a GPU.
     attention: AttentionKind = AttentionKind.blockwise
-    # Query/key block size of `blockwise`, in tokens (rows shorter than a block use one block).
+    # The most query/key tokens per block of `blockwise`: a row is cut into the fewest equal
+    # blocks of at most this many (`model.config.attention_block`; a shorter row is one block).
     # At Table 1's caps on CPU (rows of 2,560 holding 2,133 real tokens, micro-batches of 2
     # rows; the body's forward + backward alone, interleaved) 256 took 7.04 s against 7.63 s at
     # 512 and 6.87 s at 320: smaller blocks waste less of each diagonal block's masked half and
