@@ -44,44 +44,24 @@ def fixed_sequences(seed: int = 0):
     return prompts, completions, behaviour, advantages
 
 
-def train_one_step(out_dir: str) -> None:
-    """Every process packs its share of the fixed sequences; one FSDP step over all devices."""
+def step_publish_sample(out_dir: str) -> None:
+    """One FSDP step over all devices on every process's share of the fixed sequences, then
+    publication to this host's engine and sampling. Writes the listening TCP ports
+    (`ports_<p>`: process 0 hosts the coordinator service), the loss and the gathered
+    parameters after the step (`train_<p>`), and the engine's log-probs of its samples beside
+    the trainer's (`publish_<p>`). One launch serves the tests of all three."""
+    import psutil  # noqa: PLC0415  (a test dependency)
+
     hosts, index = jax.process_count(), jax.process_index()
-    prompts, completions, behaviour, advantages = fixed_sequences()
-    share = slice(index * SEQUENCES // hosts, (index + 1) * SEQUENCES // hosts)
-    trainer = Trainer(
-        build_model(MODEL, seed=0),
-        AlgoConfig(learning_rate=1e-2),
-        TrainerConfig(),
-        mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
-        temperature=1.0,
-        max_new_tokens=MAX_NEW,
-    )
+    listening = psutil.Process().net_connections(kind="tcp")
+    ports = sorted({c.laddr.port for c in listening if c.status == psutil.CONN_LISTEN})
+    np.savez(Path(out_dir) / f"ports_{index}.npz", ports=np.array(ports))
 
-    batch = pack_sequences(
-        prompts[share],
-        completions[share],
-        behaviour[share],
-        advantages[share],
-        row_tokens=16,
-        rows_multiple=len(jax.local_devices()),
-        agree_rows=agree,
-        loss_slots=SEQUENCES // hosts * MAX_NEW,
-    )
-    metrics = trainer.train_step(batch)
-    full = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=True)
-    leaves = {"/".join(map(str, path)): np.asarray(leaf) for path, leaf in _flat(full)}
-    np.savez(Path(out_dir) / f"train_{index}.npz", loss=metrics["train/loss"], **leaves)
-
-
-def publish_then_sample(out_dir: str) -> None:
-    """After a step and publication, each host's engine log-probs equal the trainer's."""
-    index = jax.process_index()
     prompts, completions, behaviour, advantages = fixed_sequences()
     model = build_model(MODEL, seed=0)
     trainer = Trainer(
         model,
-        AlgoConfig(learning_rate=5e-2),
+        AlgoConfig(learning_rate=1e-2),
         TrainerConfig(),
         mesh=Mesh(np.array(jax.devices()), ("fsdp",)),
         temperature=1.0,
@@ -101,7 +81,14 @@ def publish_then_sample(out_dir: str) -> None:
             loss_slots=len(ps) * MAX_NEW,
         )
 
-    trainer.train_step(pack(prompts, completions, behaviour, advantages))
+    share = slice(index * SEQUENCES // hosts, (index + 1) * SEQUENCES // hosts)
+    metrics = trainer.train_step(
+        pack(prompts[share], completions[share], behaviour[share], advantages[share])
+    )
+    full = gather_for_engine(trainer.params, trainer.mesh, jax.local_devices(), one_call=True)
+    leaves = {"/".join(map(str, path)): np.asarray(leaf) for path, leaf in _flat(full)}
+    np.savez(Path(out_dir) / f"train_{index}.npz", loss=metrics["train/loss"], **leaves)
+
     phases.publish(trainer.params, engine, mesh=trainer.mesh, one_call=False)  # the per-layer path
     rollout = engine.generate(
         prompts,
@@ -112,11 +99,10 @@ def publish_then_sample(out_dir: str) -> None:
     sampled = [rollout.completion(n) for n in range(len(prompts))]
     engine_logp = [rollout.logprobs[n, : rollout.lengths[n]] for n in range(len(prompts))]
     batch = pack(prompts, sampled, engine_logp, advantages)
-    trainer_logp = trainer.logprobs(batch)
     np.savez(
         Path(out_dir) / f"publish_{index}.npz",
         engine=batch.behaviour_logprobs,
-        trainer=trainer_logp,
+        trainer=trainer.logprobs(batch),
         mask=batch.loss_mask,
     )
 
@@ -128,15 +114,6 @@ def agree(rows: int) -> int:
 
 def _flat(state):
     return jax.tree_util.tree_flatten_with_path(state)[0]
-
-
-def listening_ports(out_dir: str) -> None:
-    """Each host writes the TCP ports it listens on (process 0 hosts the coordinator service)."""
-    import psutil  # noqa: PLC0415  (a test dependency)
-
-    connections = psutil.Process().net_connections(kind="tcp")
-    ports = sorted({c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN})
-    np.savez(Path(out_dir) / f"ports_{jax.process_index()}.npz", ports=np.array(ports))
 
 
 def fail_on_host_one(out_dir: str) -> None:
