@@ -1,12 +1,15 @@
 """Test helpers: `python run.py` as a user starts it, in its own process group, with a deadline
-that fails the test at once, and the listening sockets of its own process tree (psutil)."""
+that fails the test at once, and the listening sockets of its own process tree (psutil), which
+must all be on loopback (README, "Security")."""
 
+import contextlib
 import dataclasses
+import ipaddress
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import psutil
@@ -88,6 +91,47 @@ def listening(root: psutil.Process) -> dict[tuple[str, int], str]:
     return found
 
 
+@contextlib.contextmanager
+def sockets_of(run: subprocess.Popen, every_s: float = 0.25):
+    """Yields a dict that fills, while the block runs, with every listening socket of the run's
+    process tree, listed every `every_s` by a background thread until the run ends."""
+    seen: dict[tuple[str, int], str] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        root = psutil.Process(run.pid)
+        while not done.is_set() and run.poll() is None:
+            seen.update(listening(root))
+            done.wait(every_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+# Components the README's security note names as listening beyond loopback (none today).
+ALLOWED_BEYOND_LOOPBACK: set[str] = set()
+
+
+def assert_loopback_only(sockets: dict[tuple[str, int], str]) -> None:
+    """Some listening socket was seen, and every one is on loopback (or an allowed component)."""
+    assert sockets, "no listening socket was seen: the watch missed the run"
+    beyond = {
+        f"{name} on {ip}:{port}" for (ip, port), name in sockets.items() if not _is_loopback(ip)
+    }
+    assert {b.split(" on ")[0] for b in beyond} <= ALLOWED_BEYOND_LOOPBACK, sorted(beyond)
+
+
 @dataclasses.dataclass(frozen=True)
 class WatchedRun:
     run_dir: Path
@@ -98,19 +142,10 @@ class WatchedRun:
 def run_and_watch(run_dir: Path, args: list[str], *, deadline_s: float) -> WatchedRun:
     """Run to the end, listing the listening sockets of the run's process tree every 0.25 s."""
     run = start(run_dir, args)
-    root, seen, begun = psutil.Process(run.pid), {}, time.monotonic()
-    try:
-        while run.poll() is None:
-            if time.monotonic() - begun > deadline_s:
-                pytest.fail(f"the run did not finish within {deadline_s} s")
-            seen |= listening(root)
-            time.sleep(0.25)
-    finally:
-        if run.poll() is None:
-            kill(run)
-    output = finish(run, timeout_s=60)
+    with sockets_of(run) as seen:
+        output = finish(run, timeout_s=deadline_s)
     assert run.returncode == 0, output[-3000:]
-    return WatchedRun(run_dir, output, seen)
+    return WatchedRun(run_dir, output, dict(seen))
 
 
 def assert_same_steps(got: list[dict], want: list[dict], steps: int) -> None:

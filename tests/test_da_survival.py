@@ -2,7 +2,8 @@
 model, 2 hosts, split 0.5): a rollout host killed with SIGKILL is restarted and its lost batch
 regenerated, so the run completes every step with the uninterrupted run's losses; a killed
 trainer host ends the run with one sentence and leaves no Ray process; a driver stopped with
-SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses.
+SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses, every
+socket of both runs listening on loopback only (README, "Security").
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
 `LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
@@ -20,10 +21,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
-from cli_runs import assert_same_steps
+from cli_runs import assert_loopback_only, assert_same_steps, sockets_of
 
 from locoexp.compose import compose_config
 from locoexp.main import run as run_grpo
@@ -148,11 +150,17 @@ def _finish(run: subprocess.Popen, timeout_s: float = DEADLINE_S) -> tuple[str, 
         pytest.fail(f"the run did not end within {timeout_s} s")
 
 
-def _no_ray_process_left(wait_s: float = 20.0) -> None:
+def _ray_processes_after(wait_s: float = 20.0) -> list[str]:
+    """The command lines of this test's Ray processes still running after up to `wait_s`."""
     deadline = time.monotonic() + wait_s
     while (left := own_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not left, [p.cmdline() for p in left if p.is_running()]
+    return [" ".join(p.cmdline()) for p in left if p.is_running()]
+
+
+def _no_ray_process_left(wait_s: float = 20.0) -> None:
+    left = _ray_processes_after(wait_s)
+    assert not left, left
 
 
 LOST = {
@@ -184,26 +192,59 @@ def test_a_host_that_is_not_restarted_ends_the_run_with_one_sentence(tmp_path, l
     _no_ray_process_left()
 
 
-def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(tmp_path):
-    run_dir, extra = tmp_path / "run", [f"steps={STEPS}"]
+@pytest.fixture(scope="module")
+def stopped_then_resumed(tmp_path_factory) -> SimpleNamespace:
+    """A run whose driver gets SIGTERM after its first trained step, then the same command with
+    `resume=must`; what the tests check, read before the resume could change it, and every
+    listening socket of both runs' process trees."""
+    run_dir, extra = tmp_path_factory.mktemp("sigterm") / "run", [f"steps={STEPS}"]
     run = _start(run_dir, extra)
-    wait_for_trained_step(run_dir, alive=lambda: run.poll() is None)
-    sent = time.monotonic()
-    run.send_signal(signal.SIGTERM)  # the driver only: it stops its actors and Ray
-    _, err = _finish(run, timeout_s=60)
-    stop_s = time.monotonic() - sent
-    assert run.returncode == 128 + signal.SIGTERM, err[-3000:]
+    with sockets_of(run) as stopped_sockets:
+        wait_for_trained_step(run_dir, alive=lambda: run.poll() is None)
+        sent = time.monotonic()
+        run.send_signal(signal.SIGTERM)  # the driver only: it stops its actors and Ray
+        _, err = _finish(run, timeout_s=60)
+        stop_s = time.monotonic() - sent
+    stopped_at = len(steps(run_dir))
+    stopped = SimpleNamespace(
+        returncode=run.returncode,
+        err=err,
+        stop_s=stop_s,
+        steps=stopped_at,
+        next_batch_saved=(run_dir / "da_batches" / f"{stopped_at}.npz").is_file(),
+        ray_left=_ray_processes_after(),
+    )
+    resumed = _start(run_dir, [*extra, "resume=must"])
+    with sockets_of(resumed) as resumed_sockets:
+        _, resumed_err = _finish(resumed)
+    return SimpleNamespace(
+        run_dir=run_dir,
+        stopped=stopped,
+        resumed=SimpleNamespace(returncode=resumed.returncode, err=resumed_err),
+        sockets={**stopped_sockets, **resumed_sockets},
+    )
+
+
+def test_sigterm_of_the_driver_then_the_same_command_resumes_exactly(stopped_then_resumed):
+    stopped, resumed = stopped_then_resumed.stopped, stopped_then_resumed.resumed
+    run_dir = stopped_then_resumed.run_dir
+    err = stopped.err
+    assert stopped.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert len([line for line in err.splitlines() if "resume with:" in line]) == 1, err[-3000:]
-    assert stop_s < 5.0, f"the stop took {stop_s:.1f} s (issue 13: within 5 s)"
-    stopped_at = len(steps(run_dir))
-    assert 1 <= stopped_at < STEPS, "the run finished before the stop"
-    assert (run_dir / "da_batches" / f"{stopped_at}.npz").is_file()  # the next batch, saved
-    _no_ray_process_left()
-    resumed = _start(run_dir, [*extra, "resume=must"])
-    _, err = _finish(resumed)
-    assert resumed.returncode == 0, err[-3000:]
+    assert stopped.stop_s < 5.0, f"the stop took {stopped.stop_s:.1f} s (issue 13: within 5 s)"
+    assert 1 <= stopped.steps < STEPS, "the run finished before the stop"
+    assert stopped.next_batch_saved  # the next batch, saved
+    assert not stopped.ray_left, stopped.ray_left
+    assert resumed.returncode == 0, resumed.err[-3000:]
     assert_same_losses(run_dir)
     assert trained_steps(run_dir) == list(range(STEPS))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["resume/attempts"] == 2
+
+
+def test_a_da_run_listens_on_loopback_only(stopped_then_resumed):
+    """README, "Security": the driver's, Ray's (gcs_server, raylet) and the actors' sockets."""
+    names = set(stopped_then_resumed.sockets.values())
+    assert {"gcs_server", "raylet"} <= names, names  # the watch saw Ray's own services
+    assert_loopback_only(stopped_then_resumed.sockets)

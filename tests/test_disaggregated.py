@@ -26,7 +26,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 TINY = ["logger=none", "eval_every_steps=0", "dataset.synthetic.eval_size=8", "placement=da"]
 # The 2-host split=0.5 layout runs in test_step_loop (its records against the pre-refactor
-# run), test_da_survival and test_loopback; here the layout with 3 rollout hosts of uneven shares.
+# run) and test_da_survival (stopped, killed, resumed; its sockets); here the layout with 3
+# rollout hosts of uneven shares.
 RUNS = {
     "4 hosts, split=0.25": ["split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=6"],
 }
