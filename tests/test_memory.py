@@ -165,11 +165,11 @@ def test_micro_batch_rows_resolve_to_the_most_that_fit():
     )
     # fp32: the float32 accumulator beside one micro-batch's gradients; the head runs inside
     # each micro-batch's vjp, beside them: the [V, D] float32 accumulator, its input kept for
-    # the exact rerun and its matmul's output, one chunk's logits and the micro-batch's
-    # dLoss/dhidden
+    # the exact rerun and its matmul's output (those three FSDP-sharded), one chunk's logits and
+    # the micro-batch's dLoss/dhidden
     t, m = p.trainer, p.trainer_shape.micro_batch_rows
     assert t.gradients == 2 * t.params and t.head_in_micro_batches
-    assert t.head_gradient == 3 * 151_936 * 1024 * 4
+    assert t.head_gradient == -(-3 * 151_936 * 1024 * 4 // p.trainer_shape.devices)  # sharded
     assert t.head_chunk == m * 16384 * 1024 * 4 + 512 * 151_936 * 4
     transient = t.inputs + t.gathered_block + t.activations + t.head_gradient
     assert t.total == t.resident + transient + t.gradients + t.head_chunk

@@ -82,13 +82,20 @@ def footprint(compiled) -> int:
 
 
 def compiled_train_step(
-    model_config: ModelConfig, config: TrainerConfig, rows: int, row_tokens: int, slots: int
+    model_config: ModelConfig,
+    config: TrainerConfig,
+    rows: int,
+    row_tokens: int,
+    slots: int,
+    devices: int = 1,
 ):
+    """The train step compiled for `rows` x `row_tokens` packed rows and `slots` loss slots (all
+    devices together) on an FSDP mesh of the first `devices` devices."""
     trainer = Trainer(
         build_model(model_config, seed=0),
         AlgoConfig(),
         config,
-        mesh=Mesh(np.array(jax.devices()[:1]), ("fsdp",)),
+        mesh=Mesh(np.array(jax.devices()[:devices]), ("fsdp",)),
         temperature=1.0,
         max_new_tokens=slots,
     )

@@ -8,7 +8,12 @@ subprocess (tests/trainer_fsdp_worker.py) and this test compares what it wrote.
 
 import numpy as np
 import pytest
+from test_planner_xla import SHAPES, TOLERANCE
 from workers import worker_results
+
+from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.planner.estimate import TrainerShape, estimate_trainer
+from locoexp.trainer.config import AttentionKind, RematPolicy
 
 pytestmark = pytest.mark.slow  # a real process
 
@@ -29,3 +34,26 @@ def test_fsdp_step_equals_the_one_device_step(results, layout):
     for key, want in reference.items():
         atol = 1e-5 * scale if key.startswith("grad/") else 1e-5
         np.testing.assert_allclose(got[key], want, atol=atol, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("micro", [0, 1])
+def test_plan_on_four_devices_is_within_25_percent_of_xla(results, micro):
+    """The plan of one FSDP device (test_planner_xla's Qwen3-vocabulary shape, 4 devices'
+    worth of rows and loss slots) against XLA's footprint of that device's program: the
+    micro-batched head's [V, D] float32 buffers are sharded like the head weight."""
+    model, (rows, row_tokens, slots), _ = SHAPES["qwen-vocab-f32"]
+    shape = TrainerShape(
+        devices=4,
+        rows=rows,
+        row_tokens=row_tokens,
+        micro_batch_rows=micro or rows,
+        loss_slots=slots,
+        logit_chunk=512,
+        attention=AttentionKind.blockwise,
+        attention_block=128,
+        remat=RematPolicy.none,
+        kl_reference=False,
+    )
+    planned = estimate_trainer(model, count_parameters_by_formula(model), shape).total
+    measured = int(results[f"xla4/micro{micro}"])
+    assert abs(planned / measured - 1) <= TOLERANCE, (planned, measured)

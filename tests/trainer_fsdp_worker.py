@@ -15,10 +15,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
+from test_planner_xla import SHAPES, compiled_train_step, footprint  # noqa: E402
 from tiny_policy import random_prompts, tiny_model  # noqa: E402
 
 from locoexp.algo.config import AlgoConfig  # noqa: E402
-from locoexp.trainer.config import TrainerConfig  # noqa: E402
+from locoexp.trainer.config import AttentionKind, TrainerConfig  # noqa: E402
 from locoexp.trainer.packing import pack_sequences  # noqa: E402
 from locoexp.trainer.trainer import Trainer  # noqa: E402
 
@@ -64,6 +65,13 @@ def main(path: str) -> None:
         flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(jax.device_get(grads)))[0]
         for key_path, value in flat:
             out[f"{name}/grad/{jax.tree_util.keystr(key_path)}"] = np.asarray(value)
+    model, (rows, row_tokens, slots), _ = SHAPES["qwen-vocab-f32"]
+    for micro in (0, 1):
+        config = TrainerConfig(
+            attention=AttentionKind.blockwise, attention_block_tokens=128, micro_batch_rows=micro
+        )
+        compiled = compiled_train_step(model, config, 4 * rows, row_tokens, 4 * slots, devices=4)
+        out[f"xla4/micro{micro}"] = np.asarray(footprint(compiled))
     np.savez(path, **out)
 
 

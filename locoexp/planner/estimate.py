@@ -196,6 +196,17 @@ def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
     return tiles + dq
 
 
+def _head_gradient(c: ModelConfig, *, micro: bool, devices: int) -> int:
+    """The fused head's float32 [V, D] buffers (see `TrainerMemory.head_gradient`). In
+    micro-batches the three are carried across the micro-batch loop with the head weight's FSDP
+    sharding, so each device holds 1/devices of them; XLA at 4 CPU devices (Qwen3's vocabulary,
+    micro-batches of one row): plan / XLA 1.56 counted whole, 1.01 sharded (experiments/LOG.md,
+    session 9). The one-shot step's single buffer is not sharded that way (plan / XLA 0.94
+    whole)."""
+    whole = c.vocab_size * c.hidden_dim * F32
+    return -(-3 * whole // devices) if micro else whole
+
+
 def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:
     """Bytes per device of one FSDP trainer device holding `shape`; `n` parameters."""
     a, dt = BYTES[c.param_dtype], shape.devices
@@ -219,7 +230,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
         activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
         + _attention_tiles(c, shape),
-        head_gradient=(3 if micro else 1) * c.vocab_size * c.hidden_dim * F32,
+        head_gradient=_head_gradient(c, micro=micro, devices=dt),
         head_chunk=head_states + chunk * c.vocab_size * F32,
         head_in_micro_batches=micro,
         offloaded=offloaded,

@@ -45,16 +45,11 @@ SCALE_MODELS = {  # model: the TPs the paper ran it at (Table H1; ~100B at TP16 
 }
 # Cell label -> the overrides it needs to fit (the paper's own workarounds, or beyond them).
 # From 14B up the trainer rematerialises each block (MaxText's default full remat, which the
-# paper's Pathways trainer ran). 405B offloads its saved matmul outputs to host memory and frees
-# the engine's weight copy during the train step (Table H2: at TP16 the paper needed q/k/v
-# remat, a compiler flag and freeing the sampler's weights and KV cache; at TP32 q/k/v remat
-# only. locoexp's TP32 needs the freeing too: its micro-batch accumulation keeps three float32
-# gradient copies, 20.7 GiB per device; remat=block would fit both at 92.4 GiB of 94.7, too
-# close to trust, offload plans 71.5).
-# synthetic_200b at TP16 offloads too: with micro-batches the fused head runs inside each
-# micro-batch's vjp (no second forward of the body, trainer/micro.py), so its chunk logits and
-# its dW matmul's [V, D] float32 output sit beside the block's activations: remat=block plans
-# 97.4 GiB of 94.7 there at one row per micro-batch; offload fits two rows in 94.2.
+# paper's Pathways trainer ran). 405B offloads its saved matmul outputs to host memory (Table
+# H2: at TP32 the paper needed q/k/v remat only; locoexp's remat=block plans 119 GiB there,
+# offload 86.3 GiB of 94.7), and at TP16 also frees the engine's weight copy during the train
+# step (Table H2: at TP16 the paper needed q/k/v remat, a compiler flag and freeing the
+# sampler's weights and KV cache).
 # SWE-agent under da with a one-host trainer (8 devices) rematerialises too: the paper ran no
 # such cell (Appendix F: SWE at 8-16 chips did not fit its trainer).
 WORKAROUNDS: dict[str, list[str]] = {
@@ -63,14 +58,8 @@ WORKAROUNDS: dict[str, list[str]] = {
         for model in ("qwen3_14b", "qwen3_32b", "llama3_1_70b", "synthetic_100b", "synthetic_200b")
         for tp in SCALE_MODELS[model]
     },
-    "synthetic_200b TP16": ["trainer.remat=offload"],
-    **{
-        f"llama3_1_405b TP{tp}": [
-            "trainer.remat=offload",
-            "rollout.release_weights_during_training=true",
-        ]
-        for tp in SCALE_MODELS["llama3_1_405b"]
-    },
+    "llama3_1_405b TP16": ["trainer.remat=offload", "rollout.release_weights_during_training=true"],
+    "llama3_1_405b TP32": ["trainer.remat=offload"],
 }
 
 
