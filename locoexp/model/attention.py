@@ -33,7 +33,7 @@ class AttentionSpec:
     """The trainer's choice of kernel (`trainer.attention`, `trainer.attention_block_tokens`)."""
 
     kind: AttentionKind = AttentionKind.dense
-    block_tokens: int = 256
+    block_tokens: int = 384
 
 
 def causal_segment_mask(segment_ids: Array) -> Array:

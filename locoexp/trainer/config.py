@@ -43,12 +43,13 @@ class TrainerConfig:
     attention: AttentionKind = AttentionKind.blockwise
     # The most query/key tokens per block of `blockwise`: a row is cut into the fewest equal
     # blocks of at most this many (`model.config.attention_block`; a shorter row is one block).
-    # At Table 1's caps on CPU (rows of 2,560 holding 2,133 real tokens, micro-batches of 2
-    # rows; the body's forward + backward alone, interleaved) 256 took 7.04 s against 7.63 s at
-    # 512 and 6.87 s at 320: smaller blocks waste less of each diagonal block's masked half and
-    # of the last block's padding, against more, smaller block-pair matmuls (experiments/LOG.md,
-    # session 8).
-    attention_block_tokens: int = 256
+    # Smaller blocks waste less of each diagonal block's masked half and of the last block's
+    # padding, against more, smaller block-pair matmuls. At Table 1's caps on CPU (rows of
+    # 2,560 holding 2,133 real tokens, micro-batches of 2 rows), with equal blocks: the whole
+    # train step, interleaved, 33.54 s median at 384 (blocks of 368) against 35.11 s at 256;
+    # attention alone faster at 384 in 7 of 8 row shapes, even at 1,024 tokens (experiments/
+    # LOG.md, sessions 8 and 9). Rows of up to 384 tokens (W1's 128) are one block either way.
+    attention_block_tokens: int = 384
     # What each decoder block keeps for the backward pass (see `RematPolicy`).
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
