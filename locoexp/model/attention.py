@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from locoexp.model.config import AttentionKind, attention_block
+from locoexp.model.config import ATTENTION_BLOCK_TOKENS, AttentionKind, attention_block
 
 Array = jax.Array
 
@@ -33,7 +33,7 @@ class AttentionSpec:
     """The trainer's choice of kernel (`trainer.attention`, `trainer.attention_block_tokens`)."""
 
     kind: AttentionKind = AttentionKind.dense
-    block_tokens: int = 384
+    block_tokens: int = ATTENTION_BLOCK_TOKENS
 
 
 def causal_segment_mask(segment_ids: Array) -> Array:

@@ -85,13 +85,18 @@ class AttentionKind(enum.Enum):
     cudnn = "cudnn"
 
 
+# `trainer.attention_block_tokens`' default (its measurements are in trainer/config.py); also the
+# default of the kernel's own `AttentionSpec`.
+ATTENTION_BLOCK_TOKENS = 384
+
+
 def attention_block(row_tokens: int, block_tokens: int) -> int:
     """The block size `blockwise` attention uses on rows of `row_tokens`: the fewest blocks of
     at most `block_tokens` (`trainer.attention_block_tokens`), made equal and rounded up to a
-    multiple of 8. Rows of 264 tokens take 2 blocks of 136 rather than 256 + a block of 8 padded
-    to 256, which doubled every block-pair matmul of the second block (a 1-layer GSM8K train step
-    at caps 256 + 2: 2.91 -> 1.92 s on CPU; experiments/LOG.md, session 9). Rows that are a
-    multiple of `block_tokens` keep it (Table 1's 2,560 = 10 x 256)."""
+    multiple of 8. At 256, rows of 264 tokens take 2 blocks of 136 rather than 256 + a block of
+    8 padded to 256, which doubled every block-pair matmul of the second block (a 1-layer GSM8K
+    train step at caps 256 + 2: 2.91 -> 1.76 s on CPU; experiments/LOG.md, session 9). Rows
+    that are a multiple of `block_tokens` keep it (2,560 at 256: 10 x 256; at 384: 7 x 368)."""
     blocks = -(-row_tokens // block_tokens)
     size = -(-row_tokens // blocks)
     return -(-size // 8) * 8

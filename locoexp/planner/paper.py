@@ -47,7 +47,7 @@ SCALE_MODELS = {  # model: the TPs the paper ran it at (Table H1; ~100B at TP16 
 # From 14B up the trainer rematerialises each block (MaxText's default full remat, which the
 # paper's Pathways trainer ran). 405B offloads its saved matmul outputs to host memory (Table
 # H2: at TP32 the paper needed q/k/v remat only; locoexp's remat=block plans 119 GiB there,
-# offload 86.3 GiB of 94.7), and at TP16 also frees the engine's weight copy during the train
+# offload 86.5 GiB of 94.7), and at TP16 also frees the engine's weight copy during the train
 # step (Table H2: at TP16 the paper needed q/k/v remat, a compiler flag and freeing the
 # sampler's weights and KV cache).
 # SWE-agent under da with a one-host trainer (8 devices) rematerialises too: the paper ran no

@@ -7,7 +7,7 @@ Also the start-up checks of the kernels a backend can run (`check_attention_back
 import dataclasses
 
 from locoexp.errors import require
-from locoexp.model.config import AttentionKind, RematPolicy
+from locoexp.model.config import ATTENTION_BLOCK_TOKENS, AttentionKind, RematPolicy
 
 __all__ = ["AttentionKind", "RematPolicy", "TrainerConfig", "check_attention_backend"]
 
@@ -49,7 +49,7 @@ class TrainerConfig:
     # train step, interleaved, 33.54 s median at 384 (blocks of 368) against 35.11 s at 256;
     # attention alone faster at 384 in 7 of 8 row shapes, even at 1,024 tokens (experiments/
     # LOG.md, sessions 8 and 9). Rows of up to 384 tokens (W1's 128) are one block either way.
-    attention_block_tokens: int = 384
+    attention_block_tokens: int = ATTENTION_BLOCK_TOKENS
     # What each decoder block keeps for the backward pass (see `RematPolicy`).
     remat: RematPolicy = RematPolicy.none
     # Packed rows per device per micro-batch; gradients are accumulated over the micro-batches
