@@ -12,7 +12,8 @@ Every figure is measured here, on this machine, in this process:
    and the rate at each of the step's own matmul shapes (`tools/step_matmuls.py`, fastest of the
    timed calls: what the shape reaches when the machine lets it), from which
    every floor is also given as a shape floor: each matmul's FLOPs over its own shape's best
-   rate (the decode head [64,256]x[256,151936] is bandwidth-bound, a square matmul is not);
+   rate, XLA timed with and without writing the product (the decode head [64,256]x[256,151936]
+   is bandwidth-bound, a square matmul is not);
 2. rollout: `JaxEngine.generate` on 64 sequences, median after compile, against its FLOPs;
 3. the real step loop (`locoexp.placement.loop` over the halves `locoexp.main` builds) by
    phase, against the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) / matmul rate;
@@ -601,16 +602,19 @@ def print_rates(r: dict) -> None:
         f"({r['roofline_source']})"
     )
     print(
-        "  at the step's own matmul shapes (fastest timed call; the shape floors divide each "
+        "  at the step's own matmul shapes (fastest timed call; XLA writing the product, XLA "
+        "with it reduced in the same program ('fused'), NumPy; the shape floors divide each "
         "matmul's FLOPs by its shape's best rate):"
     )
     print(
-        f"  {'shape':<30} {'used by':<26} {'XLA':>7} {'NumPy':>7} {'of roof':>8} {'step GFLOP':>10}"
+        f"  {'shape':<30} {'used by':<26} {'XLA':>7} {'fused':>7} {'NumPy':>7} {'of roof':>8} "
+        f"{'step GFLOP':>10}"
     )
     for x in sorted(r["shapes"], key=lambda x: -x["step_flops"]):
         print(
             f"  {x['shape']:<30} {','.join(x['used_by']):<26} {x['xla_gflops']:7.1f} "
-            f"{x['numpy_gflops']:7.1f} {x['of_roofline']:8.0%} {x['step_flops'] / 1e9:10.2f}"
+            f"{x['xla_fused_gflops']:7.1f} {x['numpy_gflops']:7.1f} {x['of_roofline']:8.0%} "
+            f"{x['step_flops'] / 1e9:10.2f}"
         )
 
 

@@ -4,7 +4,12 @@ A square matmul's rate is not every matmul's limit. The decode head [64, 256] x 
 streams a 155 MB weight for 5 GFLOP (about 32 FLOPs per byte): bandwidth-bound, where a
 2048^3 matmul is compute-bound. So `tools/bench_w1.py` reports each floor twice: FLOPs over the
 best square-matmul rate (the roofline), and the sum over the part's matmuls of FLOPs over the
-best rate XLA (jit) or NumPy reaches at that matmul's own shape, measured here.
+best rate XLA (jit) or NumPy reaches at that matmul's own shape, measured here. XLA is timed
+twice: writing the product, and with the product reduced in the same program (a fused consumer:
+the [m, n] result never reaches memory, as in the trainer's fused head). A write-bound shape
+such as [20,480, 256] x [256, 768] reaches twice the rate without the write, and a floor timed
+only with it was beaten by the step it bounds (Table 1's caps: 0.90x, experiments/LOG.md,
+session 10).
 
 Each part of a step is a list of `Term`s: a shape and the FLOPs the part spends at that shape
 (2 per multiply-add; attention counts only the causal half it needs, as bench_w1's FLOP counts
@@ -176,16 +181,26 @@ def _fastest_seconds(fn: Callable[[], object], repeats: int, budget_s: float = 0
     return min(times)
 
 
+def _reduced_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b consumed in the same program by a max over its rows: XLA can fuse the reduction
+    into the matmul, so the [m, n] product need never be written to memory."""
+    return jnp.max(a @ b, axis=-2)
+
+
 def measure_shape(shape: Shape, repeats: int, seed: int = 0) -> dict:
-    """fp32 GFLOP/s at `shape` under XLA (jit) and NumPy, the fastest of the timed calls."""
+    """fp32 GFLOP/s at `shape`, the fastest of the timed calls, three ways: XLA (jit) writing the
+    product, XLA with the product reduced in the same program ("xla_fused": a step whose
+    consumer is fused into the matmul, as the trainer's head is, never writes it, and a floor
+    must not be beaten by the step it bounds) and NumPy. The best of the three is the rate."""
     rng = np.random.default_rng(seed)
     lead = (shape.batch,) if shape.batch > 1 else ()
     a = rng.standard_normal((*lead, shape.m, shape.k), np.float32)
     b = rng.standard_normal((*lead, shape.k, shape.n), np.float32)
     a_dev, b_dev = jnp.asarray(a), jnp.asarray(b)
-    xla = jax.jit(jnp.matmul)
+    xla, fused = jax.jit(jnp.matmul), jax.jit(_reduced_matmul)
     seconds = {
         "xla": _fastest_seconds(lambda: xla(a_dev, b_dev).block_until_ready(), repeats),
+        "xla_fused": _fastest_seconds(lambda: fused(a_dev, b_dev).block_until_ready(), repeats),
         "numpy": _fastest_seconds(lambda: np.matmul(a, b), repeats),
     }
     rates = {k: shape.flops / s / 1e9 for k, s in seconds.items()}
