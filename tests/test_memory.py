@@ -331,6 +331,43 @@ def test_cpu_hosts_share_the_machine_and_the_plan_checks_their_sum():
     assert p.trainer_peak > 3 * p.engine.weights  # a trainer host is not a rollout host's share
 
 
+def test_a_bfloat16_sampler_on_cpu_holds_float32_copies_of_its_weights():
+    # XLA on CPU computes bfloat16 matmuls in float32: prefill holds one float32 copy of the
+    # weights, decode one plus two of the tied embedding (tests/test_planner_xla.py measures it)
+    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
+    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    on_cpu = fit.resolve_plan(setup(model, cpu(2), FOUR, roles=roles)).engine
+    embedding = model.vocab_size * model.hidden_dim
+    assert on_cpu.prefill_upcast == on_cpu.weights * 2  # float32: twice bfloat16's bytes
+    assert on_cpu.decode_upcast == on_cpu.prefill_upcast + 2 * embedding * 4
+    assert on_cpu.total > 3 * on_cpu.weights
+    on_tpu = fit.resolve_plan(setup(model, tpu_v7x(8), FOUR, roles=roles)).engine
+    assert on_tpu.prefill_upcast == on_tpu.decode_upcast == 0  # bfloat16 matmuls are native
+    fp32_sampler = RolloutConfig(param_dtype=DType.float32)
+    plain = fit.resolve_plan(setup(model, cpu(2), FOUR, roles=roles, rollout=fp32_sampler))
+    assert plain.engine.decode_upcast == 0 and plain.engine.total < on_cpu.total
+
+
+def test_on_a_shared_cpu_machine_the_fix_may_take_settings_of_both_roles(monkeypatch):
+    # the used-by line's shape on a 23 GiB machine (20.7 usable): a bfloat16 Qwen3-0.6B, 1
+    # trainer and 3 rollout hosts; neither a float32 sampler nor block remat fits alone
+    monkeypatch.setattr(plan, "machine_memory_gib", lambda: 23.0)
+    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
+    gsm8k = DatasetConfig(
+        prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=128, max_new_tokens=16
+    )
+    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    base = setup(model, cpu(4, gib=None), gsm8k, roles=roles)
+    fp32 = dataclasses.replace(base, rollout=RolloutConfig(param_dtype=DType.float32))
+    remat = dataclasses.replace(base, trainer=TrainerConfig(remat=RematPolicy.block))
+    both = dataclasses.replace(fp32, trainer=TrainerConfig(remat=RematPolicy.block))
+    machine = plan.capacity_bytes(base.hardware)
+    sizes = [fit.resolve_plan(s).machine_total for s in (base, fp32, remat, both)]
+    assert sizes[0] > sizes[1] > machine and sizes[2] > machine >= sizes[3]
+    with pytest.raises(ConfigError, match="fits with rollout.param_dtype=float32 trainer.remat"):
+        check_fit(base)
+
+
 def test_dry_run_plan_names_hosts_devices_memory_waves_and_parameters():
     text = describe_plan(setup(load_model_option("qwen3_0_6b"), tpu_v7x(64), SMALL))
     assert "0.596B parameters" in text and "16 hosts x 8 devices" in text

@@ -42,7 +42,8 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, two copies (scores and
     probabilities; four with a bfloat16 sampler, which also casts them) and a second KV cache
     (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
-    log-softmax).
+    log-softmax); on CPU a bfloat16 sampler's programs also hold float32 copies of its weights
+    (`_upcast`).
 """
 
 import dataclasses
@@ -247,6 +248,8 @@ class EngineShape:
     new_tokens: int
     prefill_chunk: int  # c
     dtype: DType  # the sampler's weights and KV cache
+    # the backend computes the sampler's bfloat16 matmuls in float32 (XLA on CPU): `_upcast`
+    float32_matmuls: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -258,10 +261,15 @@ class EngineMemory:
     prefill: int  # one prefill chunk's attention temporaries
     decode: int  # one decode iteration's logits
     outputs: int  # tokens and log-probs of the wave
+    # float32 copies of bfloat16 weights the prefill and decode programs hold (`_upcast`; 0
+    # where matmuls run in bfloat16)
+    prefill_upcast: int = 0
+    decode_upcast: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + max(self.prefill, self.decode) + self.outputs
+        transient = max(self.prefill + self.prefill_upcast, self.decode + self.decode_upcast)
+        return self.weights + self.kv_cache + transient + self.outputs
 
 
 def _engine_weight_elements(c: ModelConfig, t: int) -> int:
@@ -292,4 +300,22 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
         prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32 + kv_cache,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
         outputs=s * shape.new_tokens * 2 * 4,
+        prefill_upcast=_upcast(c, shape, decode=False),
+        decode_upcast=_upcast(c, shape, decode=True),
     )
+
+
+def _upcast(c: ModelConfig, shape: EngineShape, *, decode: bool) -> int:
+    """XLA on CPU has no bfloat16 matmul: it converts each bfloat16 weight to float32, once per
+    program (the weights are loop-invariant: the conversions are hoisted out of the decode
+    loop). Measured (`memory_analysis()` temporaries, 8 layers, V 32,768, D 512, 2 sequences):
+    prefill holds one float32 copy of the weights; decode one too, plus, for a tied embedding,
+    two more of the embedding (its lookup and the transposed head): 297.8 MB beside 163.6 MB
+    of float32 weights and a 67.1 MB embedding (untied: 231.0 MB, the weights alone).
+    Qwen3-0.6B, tied, 2 sequences: decode 3.63 GB beside 1.19 GB of bfloat16 weights."""
+    if not shape.float32_matmuls or shape.dtype != DType.bfloat16:
+        return 0
+    elements = _engine_weight_elements(c, shape.tensor_parallel)
+    if decode and c.tie_embeddings:
+        elements += 2 * c.vocab_size * c.hidden_dim
+    return elements * F32

@@ -122,18 +122,24 @@ def _gib(nbytes: int) -> str:
 
 
 def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
-    """Single settings that may make `role` fit, cheapest first."""
+    """Single settings that may make `role` fit, cheapest first ("machine": a CPU machine's
+    local processes together, so both roles' settings)."""
     t, m, r = setup.trainer, setup.model, setup.rollout
+    trainer, engine = role in ("trainer", "machine"), role in ("engine", "machine")
     out = []
-    if role == "trainer" and t.micro_batch_rows:
+    if trainer and t.micro_batch_rows:
         out.append(("trainer.micro_batch_rows=0", {"trainer": {"micro_batch_rows": 0}}))
-    if role == "engine" and r.capacity:
+    if engine and r.capacity:
         out.append(("rollout.capacity=0", {"rollout": {"capacity": 0}}))
-    if role == "trainer" and t.attention is AttentionKind.dense:
+    sampler, cpu = r.param_dtype or m.param_dtype, setup.hardware.platform == "cpu"
+    if engine and cpu and sampler is DType.bfloat16:
+        # XLA on CPU holds float32 copies of a bfloat16 sampler's weights (estimate._upcast)
+        out.append(("rollout.param_dtype=float32", {"rollout": {"param_dtype": DType.float32}}))
+    if trainer and t.attention is AttentionKind.dense:
         out.append(
             ("trainer.attention=blockwise", {"trainer": {"attention": AttentionKind.blockwise}})
         )
-    if role == "trainer":
+    if trainer:
         for policy in (RematPolicy.block, RematPolicy.offload):
             if t.remat is not policy and (
                 policy is not RematPolicy.offload or not shared_memory(setup.hardware)
@@ -141,11 +147,11 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
                 out.append((f"trainer.remat={policy.value}", {"trainer": {"remat": policy}}))
     if m.param_dtype is DType.float32:
         out.append(("model.param_dtype=bfloat16", {"model": {"param_dtype": DType.bfloat16}}))
-    if role == "engine":
+    if engine:
         valid = valid_tensor_parallel(m, setup.engine_devices)
         for tp in (v for v in valid if v > r.tensor_parallel):
             out.append((f"rollout.tensor_parallel={tp}", {"rollout": {"tensor_parallel": tp}}))
-        if (r.param_dtype or m.param_dtype) is DType.float32:
+        if sampler is DType.float32 and not cpu:  # on CPU a bfloat16 sampler is the larger
             out.append(
                 ("rollout.param_dtype=bfloat16", {"rollout": {"param_dtype": DType.bfloat16}})
             )
@@ -194,23 +200,21 @@ def remedies(setup: Setup, role: str) -> list[str]:
     single = [_resolved(label, v) for label, v in variants if _fits(v)]
     if single:
         return single[:3]
+    pairs = [
+        (f"{first} {second}", w)
+        for i, (first, v) in enumerate(variants)
+        for second, w in _variants(v, role)[i:]
+        if second != first
+    ]
+    fitting = [label for label, w in pairs if _fits(w)]
+    if fitting:
+        return fitting[:1]
     if shared_memory(setup.hardware):  # a smaller batch, alone or after one or two variants
-        pairs = [
-            (f"{first} {second}", w)
-            for i, (first, v) in enumerate(variants)
-            for second, w in _variants(v, role)[i:]
-            if second != first
-        ]
         candidates = [("", setup), *((f"{label} ", v) for label, v in variants + pairs)]
         for prefix, base in candidates:
             batch = next((label for label, v in _smaller_batches(base) if _fits(v)), None)
             if batch:
                 return [prefix + batch]
-        return []
-    for i, (first, v) in enumerate(variants):
-        for second, w in _variants(v, role)[i:]:
-            if second != first and _fits(w):
-                return [f"{first} {second}"]
     return []
 
 
@@ -221,7 +225,7 @@ def check_fit(setup: Setup) -> Plan:
     trainer_ok, engine_ok = fits(plan, setup.hardware)
     if trainer_ok and engine_ok:
         return plan
-    role = "trainer" if not trainer_ok else "engine"
+    role = "machine" if shared_memory(setup.hardware) else "trainer" if not trainer_ok else "engine"
     fixes = remedies(setup, role)
     advice = (
         f"it fits with {' or '.join(fixes)}"

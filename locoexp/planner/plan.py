@@ -130,7 +130,12 @@ def _trainer_shape(
 
 
 def _engine_shape(
-    model: ModelConfig, dataset: DatasetConfig, rollout: RolloutConfig, *, sequences: int
+    model: ModelConfig,
+    dataset: DatasetConfig,
+    rollout: RolloutConfig,
+    hardware: HardwareConfig,
+    *,
+    sequences: int,
 ) -> EngineShape:
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
@@ -139,6 +144,7 @@ def _engine_shape(
         new_tokens=dataset.max_new_tokens,
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,
+        float32_matmuls=hardware.platform == "cpu",
     )
 
 
@@ -182,7 +188,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         micro=micro,
         kl=r.kl_reference,
     )
-    eshape = _engine_shape(m, setup.dataset, setup.rollout, sequences=per_replica)
+    eshape = _engine_shape(m, setup.dataset, setup.rollout, setup.hardware, sequences=per_replica)
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)
     # Table H2: with rollout.release_weights_during_training the engine's copy is freed for

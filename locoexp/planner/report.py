@@ -49,7 +49,11 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
     terms = [
         f"weights {_gib(e.weights)}",
         f"KV cache {_gib(e.kv_cache)}",
-        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})",
+        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})"
+        if not e.decode_upcast
+        else f"max(prefill chunk {_gib(e.prefill)} + float32 weights {_gib(e.prefill_upcast)}, "
+        f"decode logits {_gib(e.decode)} + float32 weights {_gib(e.decode_upcast)} (XLA on "
+        "CPU computes bfloat16 matmuls in float32))",
     ]
     terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
     # da's rollout hosts may hold floor or ceil of B/R groups: the plan is the busiest's
