@@ -107,7 +107,13 @@ def trainer_row_tokens(dataset: DatasetConfig, trainer: TrainerConfig) -> int:
 
 
 def _trainer_shape(
-    dataset: DatasetConfig, trainer: TrainerConfig, *, devices: int, micro: int, kl: bool
+    dataset: DatasetConfig,
+    trainer: TrainerConfig,
+    *,
+    devices: int,
+    micro: int,
+    kl: bool,
+    float32_matmuls: bool,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
     worst case), and packing rounds rows per device up to a power of two."""
@@ -126,6 +132,7 @@ def _trainer_shape(
         attention_block=trainer.attention_block_tokens,
         remat=trainer.remat,
         kl_reference=kl,
+        float32_matmuls=float32_matmuls,
     )
 
 
@@ -187,6 +194,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         devices=r.trainer_hosts * setup.hardware.devices_per_host,
         micro=micro,
         kl=r.kl_reference,
+        float32_matmuls=setup.hardware.platform == "cpu",
     )
     eshape = _engine_shape(m, setup.dataset, setup.rollout, setup.hardware, sequences=per_replica)
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)

@@ -31,6 +31,7 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         else f"max(gradients, head chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
+    terms += [f"float32 weights (XLA on CPU) {_gib(t.upcast)}"] if t.upcast else []
     held = roles.colocated and not setup.rollout.release_weights_during_training
     terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
     offload = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
