@@ -1,7 +1,8 @@
 """`placement=da` runs that survive (issue 13), with real Ray actors and processes on CPU (tiny
 model, 2 hosts, split 0.5): a rollout host killed with SIGKILL is restarted and its lost batch
 regenerated, so the run completes every step with the uninterrupted run's losses; a killed
-trainer host ends the run with one sentence and leaves no Ray process; a driver stopped with
+trainer host (or one Ray's memory monitor killed) ends the run with one sentence and leaves
+no Ray process; a driver stopped with
 SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses, every
 socket of both runs listening on loopback only (README, "Security").
 
@@ -28,8 +29,11 @@ import pytest
 from cli_runs import assert_loopback_only, assert_same_steps, sockets_of
 
 from locoexp.compose import compose_config
+from locoexp.errors import RunFailed
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
+from locoexp.placement.ray_hosts import _keep_ray_on_loopback
+from locoexp.placement.ray_transport import RayActors
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -248,3 +252,29 @@ def test_a_da_run_listens_on_loopback_only(stopped_then_resumed):
     names = set(stopped_then_resumed.sockets.values())
     assert {"gcs_server", "raylet"} <= names, names  # the watch saw Ray's own services
     assert_loopback_only(stopped_then_resumed.sockets)
+
+
+def test_a_trainer_host_killed_by_rays_memory_monitor_is_named_in_one_sentence():
+    # Ray raises OutOfMemoryError (not a RayActorError) for the call its memory monitor killed;
+    # the used-by line on a 24 GiB machine ended that way with a traceback (experiments/LOG.md,
+    # session 10). An actor raising the same error stands in for the kill.
+    import ray  # noqa: PLC0415
+
+    _keep_ray_on_loopback()
+    ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+
+        @ray.remote
+        class TrainerHost:
+            def train(self):
+                raise ray.exceptions.OutOfMemoryError("the node ran low on memory")
+
+        call = TrainerHost.remote().train.remote()
+        with pytest.raises(RunFailed) as failed:
+            RayActors._from_trainers(None, [call], during="step 1")
+    finally:
+        ray.shutdown()
+    message = str(failed.value)
+    assert message.startswith("trainer host 0 of 1 (a ray::TrainerHost actor) was killed by ")
+    assert "memory monitor during step 1" in message and "\n" not in message
+    _no_ray_process_left()

@@ -45,6 +45,10 @@ from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainR
 from locoexp.placement.ray_hosts import DaLayout, Hosts, start_hosts, start_ray
 from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
 
+# A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
+# ran a call: Ray raises OutOfMemoryError for that call, which is not a RayActorError.
+HOST_LOST = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
+
 
 class BatchLedger:
     """Each step's batch must be trained exactly once, with exactly the scheduled prompts; the
@@ -152,7 +156,7 @@ class RayActors:
         while True:
             try:
                 return ray.get(pending.calls[host][0])
-            except ray.exceptions.RayActorError as error:
+            except HOST_LOST as error:
                 version = pending.published.version
                 self._await_restart(host, error, step=pending.step, what="batch", version=version)
                 pending.calls[host] = self._generate(host, pending.step, pending.published)
@@ -193,8 +197,10 @@ class RayActors:
             ready, left = ray.wait(left, num_returns=1)
             try:
                 ray.get(ready[0])
-            except ray.exceptions.RayActorError:
-                raise RunFailed(trainer_died(refs.index(ready[0]), len(refs), during)) from None
+            except HOST_LOST as error:
+                oom = isinstance(error, ray.exceptions.OutOfMemoryError)
+                died = trainer_died(refs.index(ready[0]), len(refs), during, out_of_memory=oom)
+                raise RunFailed(died) from None
         return ray.get(refs)
 
     def exchange(self, record: dict) -> list[dict]:
@@ -211,7 +217,7 @@ class RayActors:
                     call = self.hosts.rollouts[host].evaluate.remote(published, limit=limit)
                     results.append(ray.get(call))
                     break
-                except ray.exceptions.RayActorError as error:
+                except HOST_LOST as error:
                     step = published.version - 1  # evaluation after `version` updates
                     self._await_restart(
                         host, error, step=step, what="evaluation", version=published.version
@@ -272,11 +278,17 @@ def wait_restarted(actor) -> bool:
             return False
 
 
-def trainer_died(host: int, hosts: int, during: str) -> str:
+def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = False) -> str:
+    actor = f"trainer host {host} of {hosts} (a ray::TrainerHost actor)"
+    if out_of_memory:
+        return (
+            f"{actor} was killed by Ray's memory monitor during {during}: this machine ran out "
+            "of memory (the dry run's plan counts each compiled program's buffers, not each "
+            "process's runtime and allocator): run it with a smaller batch or fewer hosts"
+        )
     return (
-        f"trainer host {host} of {hosts} (a ray::TrainerHost actor) died during {during}; "
-        "the run stopped (trainer hosts hold the training state and are not restarted): run "
-        "the same command again to resume from the last checkpoint"
+        f"{actor} died during {during}; the run stopped (trainer hosts hold the training state "
+        "and are not restarted): run the same command again to resume from the last checkpoint"
     )
 
 
