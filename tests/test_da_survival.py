@@ -1,10 +1,10 @@
 """`placement=da` runs that survive (issue 13), with real Ray actors and processes on CPU (tiny
 model, 2 hosts, split 0.5): a rollout host killed with SIGKILL is restarted and its lost batch
 regenerated, so the run completes every step with the uninterrupted run's losses; a killed
-trainer host (or one Ray's memory monitor killed) ends the run with one sentence and leaves
-no Ray process; a driver stopped with
-SIGTERM checkpoints and the same command resumes it to the uninterrupted run's losses, every
-socket of both runs listening on loopback only (README, "Security").
+trainer host (or one Ray's memory monitor killed) ends the run with one sentence and leaves no
+Ray process; a driver stopped with SIGTERM checkpoints and the same command resumes it to the
+uninterrupted run's losses, every socket of both runs listening on loopback only (README,
+"Security").
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
 `LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
