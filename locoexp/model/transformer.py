@@ -312,10 +312,11 @@ def build_model(config: ModelConfig, *, seed: int) -> Transformer:
     Initialised part by part, each part in a jitted program (`_init_part`): the embedding, one
     program compiled once and run for every block, the final norm, and the output head when
     untied, each drawing the keys `nnx.Rngs(params=seed)` hands out in `Transformer.__init__`'s
-    order, so the weights are those of the whole model initialised at once (tests/test_model.py).
-    One program for the whole model let XLA on CPU keep every parameter's random-number
-    temporaries alive together: Qwen3-0.6B in bfloat16 compiled to 5.71 GB of temporaries for
-    1.19 GB of weights, and every local host peaked at 7.6 GB RSS while it started.
+    order, so the weights are those of the whole model initialised at once
+    (tests/test_model_init.py). One program for the whole model let XLA on CPU keep every
+    parameter's random-number temporaries alive together: Qwen3-0.6B in bfloat16 compiled to
+    5.71 GB of temporaries for 1.19 GB of weights, and every local host peaked at 7.6 GB RSS
+    while it started.
     """
     graphdef, state = nnx.split(
         nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(params=seed)))

@@ -35,6 +35,8 @@ and one AdamW update per batch:
     and the micro-batch's dLoss/dhidden (m*L*D at `a`) are alive with its activations (its
     residuals) and the gradient sums. These head terms are per device as if unsharded: on a
     4-device CPU mesh XLA splits them, so the plan is conservative there (1.5-1.8x).
+  float32 weights: on CPU the one-shot bfloat16 step also holds a float32 copy of its weights
+    (`_trainer_upcast`).
 Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
     embeddings and norms replicated (locoexp/rollout/sharding.py);

@@ -140,9 +140,9 @@ def _engine_shape(
     model: ModelConfig,
     dataset: DatasetConfig,
     rollout: RolloutConfig,
-    hardware: HardwareConfig,
     *,
     sequences: int,
+    float32_matmuls: bool,
 ) -> EngineShape:
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
@@ -151,7 +151,7 @@ def _engine_shape(
         new_tokens=dataset.max_new_tokens,
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,
-        float32_matmuls=hardware.platform == "cpu",
+        float32_matmuls=float32_matmuls,
     )
 
 
@@ -188,15 +188,18 @@ class Setup:
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     """The plan at `micro` rows per micro-batch and `per_replica` sequences per engine replica."""
     m, r = setup.model, setup.roles
+    cpu = setup.hardware.platform == "cpu"  # XLA on CPU computes bfloat16 matmuls in float32
     tshape = _trainer_shape(
         setup.dataset,
         setup.trainer,
         devices=r.trainer_hosts * setup.hardware.devices_per_host,
         micro=micro,
         kl=r.kl_reference,
-        float32_matmuls=setup.hardware.platform == "cpu",
+        float32_matmuls=cpu,
     )
-    eshape = _engine_shape(m, setup.dataset, setup.rollout, setup.hardware, sequences=per_replica)
+    eshape = _engine_shape(
+        m, setup.dataset, setup.rollout, sequences=per_replica, float32_matmuls=cpu
+    )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)
     # Table H2: with rollout.release_weights_during_training the engine's copy is freed for
