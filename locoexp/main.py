@@ -53,7 +53,8 @@ from locoexp.placement.loop import LoopClock, LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
 from locoexp.planner import Roles, Setup, check_fit, describe_plan
-from locoexp.planner.plan import trainer_row_tokens
+from locoexp.planner.estimate import publication_bytes
+from locoexp.planner.plan import object_store_bytes, trainer_row_tokens
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import RolloutConfig
 from locoexp.rollout.engine import SamplingParams
@@ -358,6 +359,7 @@ def da_layout(config: Config) -> "DaLayout":
     from locoexp.placement.ray_hosts import DaLayout  # noqa: PLC0415
 
     layout, hw = layout_of(config), config.hardware
+    sampler = config.rollout.param_dtype or config.model.param_dtype
     return DaLayout(
         trainer_hosts=layout.trainer_hosts,
         rollout_hosts=layout.rollout_hosts,
@@ -367,6 +369,7 @@ def da_layout(config: Config) -> "DaLayout":
         coordinator_port=hw.coordinator_port,
         bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
         rollout_restarts=config.placement.rollout_restarts,
+        object_store_bytes=object_store_bytes(publication_bytes(config.model, sampler)),
     )
 
 

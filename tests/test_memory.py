@@ -220,22 +220,25 @@ def test_qwen3_0_6b_fits_a_v7x_slice():
 
 
 def test_an_engine_too_small_for_its_weights_is_refused_naming_a_tp_that_fits():
-    hardware = tpu_v7x(64)  # a disaggregated 8/8 split: the trainer fits, a TP1 32B replica not
-    roles = Roles(trainer_hosts=8, rollout_hosts=8, colocated=False)
+    # colocated on 64 chips, the engine's copy freed for training (Table H2): the FSDP trainer
+    # fits, a TP1 float32 32B replica beside its shard of params and AdamW does not. (Under da
+    # the trainer devices gather that whole replica to publish it, so there they are refused
+    # first: test_da_on_cpu_counts_the_published_replica_and_the_object_store_it_is_sized_to.)
+    hardware = tpu_v7x(64)
     dataset = DatasetConfig(
         prompts_per_step=16, samples_per_prompt=4, max_prompt_tokens=64, max_new_tokens=64
     )
     model = load_model_option("qwen3_32b")
+    released = RolloutConfig(release_weights_during_training=True)
     with pytest.raises(ConfigError) as error:
-        check_fit(setup(model, hardware, dataset, roles=roles))
+        check_fit(setup(model, hardware, dataset, rollout=released))
     assert re.match(
         r"^does not fit: the rollout engine needs \d+\.\d GiB per device of 94\.7 ",
         str(error.value),
     )
     assert "rollout.tensor_parallel=2" in str(error.value)
-    check_fit(
-        setup(model, hardware, dataset, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
-    )
+    tp2 = dataclasses.replace(released, tensor_parallel=2)
+    check_fit(setup(model, hardware, dataset, rollout=tp2))
 
 
 def test_tp16_for_qwen3_14b_is_refused_naming_the_keys_and_the_valid_degrees():
@@ -327,7 +330,8 @@ def test_cpu_hosts_share_the_machine_and_the_plan_checks_their_sum():
     roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
     p = fit.resolve_plan(setup(model, cpu(4, gib=None), gsm8k, roles=roles))
     overhead = 5 * plan.PROCESS_OVERHEAD_GIB * estimate.GIB  # 4 hosts and the Ray driver
-    assert p.machine_total == p.trainer_peak + 3 * p.engine_peak + overhead
+    store = plan.object_store_bytes(p.publication)  # Ray's, sized to the published versions
+    assert p.machine_total == p.trainer_peak + 3 * p.engine_peak + overhead + store
     assert p.trainer_peak > 3 * p.engine.weights  # a trainer host is not a rollout host's share
 
 
@@ -349,23 +353,50 @@ def test_a_bfloat16_sampler_on_cpu_holds_float32_copies_of_its_weights():
 
 
 def test_on_a_shared_cpu_machine_the_fix_may_take_settings_of_both_roles(monkeypatch):
-    # the used-by line's shape on a 23 GiB machine (20.7 usable): a bfloat16 Qwen3-0.6B, 1
-    # trainer and 3 rollout hosts; neither a float32 sampler nor block remat fits alone
-    monkeypatch.setattr(plan, "machine_memory_gib", lambda: 23.0)
+    # the used-by line's shape with 1,024-token prompts and dense attention on a 37.8 GiB
+    # machine (34.0 usable): a bfloat16 Qwen3-0.6B, 1 trainer and 3 rollout hosts; neither a
+    # float32 sampler nor blockwise attention fits alone, both together do. Block remat is no
+    # remedy on CPU: XLA there merges the recomputation back (tests/test_planner_xla.py).
+    monkeypatch.setattr(plan, "machine_memory_gib", lambda: 37.8)
     model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
     gsm8k = DatasetConfig(
-        prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=128, max_new_tokens=16
+        prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=1024, max_new_tokens=16
     )
     roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
-    base = setup(model, cpu(4, gib=None), gsm8k, roles=roles)
+    dense = TrainerConfig(attention=AttentionKind.dense)
+    base = setup(model, cpu(4, gib=None), gsm8k, roles=roles, trainer=dense)
     fp32 = dataclasses.replace(base, rollout=RolloutConfig(param_dtype=DType.float32))
-    remat = dataclasses.replace(base, trainer=TrainerConfig(remat=RematPolicy.block))
-    both = dataclasses.replace(fp32, trainer=TrainerConfig(remat=RematPolicy.block))
+    blockwise = dataclasses.replace(base, trainer=TrainerConfig())
+    both = dataclasses.replace(fp32, trainer=TrainerConfig())
+    remat = TrainerConfig(attention=AttentionKind.dense, remat=RematPolicy.block)
     machine = plan.capacity_bytes(base.hardware)
-    sizes = [fit.resolve_plan(s).machine_total for s in (base, fp32, remat, both)]
+    sizes = [fit.resolve_plan(s).machine_total for s in (base, fp32, blockwise, both)]
     assert sizes[0] > sizes[1] > machine and sizes[2] > machine >= sizes[3]
-    with pytest.raises(ConfigError, match="fits with rollout.param_dtype=float32 trainer.remat"):
+    assert fit.resolve_plan(dataclasses.replace(base, trainer=remat)).machine_total == sizes[0]
+    with pytest.raises(ConfigError) as refused:
         check_fit(base)
+    message = str(refused.value)
+    assert "fits with rollout.param_dtype=float32 trainer.attention=blockwise" in message
+    assert "trainer.remat" not in message
+
+
+def test_da_on_cpu_counts_the_published_replica_and_the_object_store_it_is_sized_to():
+    # a da trainer device gathers a whole replica in the sampler's dtype after its step, beside
+    # its params and AdamW state; the local Ray cluster's object store is sized to three
+    # published versions and the batches, and the machine's sum counts it
+    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
+    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    fp32 = RolloutConfig(param_dtype=DType.float32)
+    p = fit.resolve_plan(setup(model, cpu(2, gib=None), FOUR, roles=roles, rollout=fp32))
+    assert p.publication == estimate.publication_bytes(model, DType.float32)
+    assert p.publication == p.engine.weights  # a TP1 engine holds the same replica
+    store = plan.object_store_bytes(p.publication)
+    assert store == 3 * p.publication + plan.OBJECT_STORE_HEADROOM
+    overhead = 3 * plan.PROCESS_OVERHEAD_GIB * estimate.GIB  # 2 hosts and the Ray driver
+    assert p.machine_total == p.trainer_peak + p.engine_peak + overhead + store
+    assert p.trainer_peak >= p.trainer.resident + p.publication
+    co = fit.resolve_plan(setup(model, cpu(2, gib=None), FOUR, rollout=fp32))
+    assert co.publication == 0  # colocated: publication fills the engine's own copy
 
 
 def test_dry_run_plan_names_hosts_devices_memory_waves_and_parameters():

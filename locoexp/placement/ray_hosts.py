@@ -62,6 +62,9 @@ class DaLayout:
     coordinator_port: int  # the trainer group's jax.distributed coordinator; 0 = a free port
     bind_address: str | None  # the interface listening sockets bind to; None: all
     rollout_restarts: int  # Ray restarts of each rollout host's actor (placement.rollout_restarts)
+    # the local cluster's object store (planner.plan.object_store_bytes); None: Ray's default.
+    # A cluster joined at `ray_address` keeps its own.
+    object_store_bytes: int | None = None
 
 
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
@@ -222,6 +225,8 @@ def start_ray(layout: DaLayout) -> None:
         if layout.bind_address and ipaddress.ip_address(layout.bind_address).is_loopback:
             _keep_ray_on_loopback()
         hosts = layout.trainer_hosts + layout.rollout_hosts
+        if layout.object_store_bytes is not None:
+            options["object_store_memory"] = layout.object_store_bytes
         ray.init(address="local", num_cpus=hosts, **options)
     else:
         ray.init(address=layout.ray_address, **options)

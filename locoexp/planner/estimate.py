@@ -37,6 +37,11 @@ and one AdamW update per batch:
     4-device CPU mesh XLA splits them, so the plan is conservative there (1.5-1.8x).
   float32 weights: on CPU the one-shot bfloat16 step also holds a float32 copy of its weights
     (`_trainer_upcast`).
+  remat on CPU: XLA merges the recomputation back into the forward pass, so the activations
+    are those of `none` whatever `trainer.remat` says (`TrainerShape.remat_erased`).
+Publication under `da` (`publication_bytes`): each trainer device gathers a whole replica in
+  the sampler's dtype after its step; on a CPU machine Ray's object store is sized to hold
+  the published versions (`plan.object_store_bytes`).
 Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
     embeddings and norms replicated (locoexp/rollout/sharding.py);
@@ -84,6 +89,11 @@ class TrainerShape:
     remat: RematPolicy
     kl_reference: bool
     float32_matmuls: bool = False  # bfloat16 matmuls computed in float32 (XLA on CPU)
+    # The backend merges remat's recomputation back into the forward pass, so every policy
+    # keeps what `none` keeps (XLA on CPU: its OptimizationBarrierExpander runs before common-
+    # subexpression elimination, which then folds the recomputed forward into the original;
+    # memory_analysis() is the same for none, block and save_matmuls, tests/test_planner_xla.py).
+    remat_erased: bool = False
 
     @property
     def micro_batches(self) -> int:
@@ -215,6 +225,8 @@ def _head_gradient(c: ModelConfig, *, micro: bool, devices: int) -> int:
 
 def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:
     """Bytes per device of one FSDP trainer device holding `shape`; `n` parameters."""
+    if shape.remat_erased:
+        shape = dataclasses.replace(shape, remat=RematPolicy.none)
     a, dt = BYTES[c.param_dtype], shape.devices
     shard = math.ceil(n / dt) * a
     tokens = shape.micro_batch_rows * shape.row_tokens
@@ -320,6 +332,13 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
         prefill_upcast=_upcast(c, shape, decode=False),
         decode_upcast=_upcast(c, shape, decode=True),
     )
+
+
+def publication_bytes(c: ModelConfig, dtype: DType) -> int:
+    """One whole replica of the weights in the sampler's `dtype`: what each device of a `da`
+    trainer host all-gathers after its step (`ray_hosts.publish_to_object_store`, beside its
+    params and AdamW state), and what one published version occupies in Ray's object store."""
+    return _engine_weight_elements(c, 1) * BYTES[dtype]
 
 
 def _upcast(c: ModelConfig, shape: EngineShape, *, decode: bool) -> int:

@@ -139,12 +139,9 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
         out.append(
             ("trainer.attention=blockwise", {"trainer": {"attention": AttentionKind.blockwise}})
         )
-    if trainer:
-        for policy in (RematPolicy.block, RematPolicy.offload):
-            if t.remat is not policy and (
-                policy is not RematPolicy.offload or not shared_memory(setup.hardware)
-            ):
-                out.append((f"trainer.remat={policy.value}", {"trainer": {"remat": policy}}))
+    if trainer and not cpu:  # XLA on CPU erases remat: no policy saves memory there
+        for policy in (p for p in (RematPolicy.block, RematPolicy.offload) if p is not t.remat):
+            out.append((f"trainer.remat={policy.value}", {"trainer": {"remat": policy}}))
     if m.param_dtype is DType.float32:
         out.append(("model.param_dtype=bfloat16", {"model": {"param_dtype": DType.bfloat16}}))
     if engine:

@@ -32,6 +32,13 @@ from locoexp.trainer.config import TrainerConfig
 
 PROCESS_OVERHEAD_GIB = 0.5
 SHARED_MEMORY_USABLE = 0.9  # of a CPU machine's memory; the rest for the OS and page cache
+# Ray's object store of a local da run (`object_store_bytes`). A new version is put while the
+# rollout hosts still hold the one their engines were loaded from (their zero-copy views pin it
+# until the next load): two at once, and room for one more, as the store's allocator spreads
+# over freed space before it reuses it.
+OBJECT_STORE_VERSIONS = 3
+OBJECT_STORE_HEADROOM = 256 * 2**20  # the rollout batches and results that pass through it
+OBJECT_STORE_MINIMUM = 78_643_200  # Ray refuses a smaller store (OBJECT_STORE_MINIMUM_MEMORY_BYTES)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,6 +85,9 @@ class Plan:
     trainer: TrainerMemory
     engine: EngineMemory
     trainer_peak: int  # the training step, plus the engine's weights when colocated and kept
+    # da: the whole replica each trainer device gathers to publish (estimate.publication_bytes),
+    # held after the step beside params and AdamW state; 0 when colocated (the engine's own)
+    publication: int
     engine_peak: int  # generation, plus the trainer's params and AdamW state when colocated
     engines: int
     replicas_per_engine: int
@@ -113,7 +123,7 @@ def _trainer_shape(
     devices: int,
     micro: int,
     kl: bool,
-    float32_matmuls: bool,
+    xla_cpu: bool,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
     worst case), and packing rounds rows per device up to a power of two."""
@@ -132,7 +142,8 @@ def _trainer_shape(
         attention_block=trainer.attention_block_tokens,
         remat=trainer.remat,
         kl_reference=kl,
-        float32_matmuls=float32_matmuls,
+        float32_matmuls=xla_cpu,
+        remat_erased=xla_cpu,
     )
 
 
@@ -188,14 +199,15 @@ class Setup:
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     """The plan at `micro` rows per micro-batch and `per_replica` sequences per engine replica."""
     m, r = setup.model, setup.roles
-    cpu = setup.hardware.platform == "cpu"  # XLA on CPU computes bfloat16 matmuls in float32
+    # XLA on CPU computes bfloat16 matmuls in float32 and erases remat (estimate.TrainerShape)
+    cpu = setup.hardware.platform == "cpu"
     tshape = _trainer_shape(
         setup.dataset,
         setup.trainer,
         devices=r.trainer_hosts * setup.hardware.devices_per_host,
         micro=micro,
         kl=r.kl_reference,
-        float32_matmuls=cpu,
+        xla_cpu=cpu,
     )
     eshape = _engine_shape(
         m, setup.dataset, setup.rollout, sequences=per_replica, float32_matmuls=cpu
@@ -206,6 +218,8 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     # the train step (the KV cache is per wave, freed after generation either way)
     held = r.colocated and not setup.rollout.release_weights_during_training
     trainer_peak = trainer.total + (engine.weights if held else 0)
+    publication = 0 if r.colocated else estimate.publication_bytes(m, eshape.dtype)
+    trainer_peak = max(trainer_peak, trainer.resident + publication)
     engine_peak = engine.total + (trainer.resident if r.colocated else 0)
     capacity = min(per_replica * setup.replicas, setup.requests_per_engine)
     return Plan(
@@ -214,18 +228,20 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         trainer=trainer,
         engine=engine,
         trainer_peak=trainer_peak,
+        publication=publication,
         engine_peak=engine_peak,
         engines=setup.engines,
         replicas_per_engine=setup.replicas,
         requests_per_engine=setup.requests_per_engine,
         capacity=capacity,
         waves=-(-setup.requests_per_engine // capacity),
-        machine_total=_machine_total(setup, trainer_peak, engine_peak),
+        machine_total=_machine_total(setup, trainer_peak, engine_peak, publication),
     )
 
 
-def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int) -> int:
-    """hardware=cpu: every local device's peak and every process's runtime, summed."""
+def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication: int) -> int:
+    """hardware=cpu: every local device's peak, every process's runtime and, under da, the
+    published versions in Ray's object store, summed."""
     if not shared_memory(setup.hardware):
         return 0
     r, per_host = setup.roles, setup.hardware.devices_per_host
@@ -233,7 +249,16 @@ def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int) -> int:
     if r.colocated:
         return r.trainer_hosts * per_host * max(trainer_peak, engine_peak) + overhead
     devices = (r.trainer_hosts * trainer_peak + r.rollout_hosts * engine_peak) * per_host
-    return devices + overhead
+    return devices + overhead + object_store_bytes(publication)
+
+
+def object_store_bytes(publication: int) -> int:
+    """The object store a local `da` run starts Ray with (`ray_hosts.start_ray`), sized to the
+    published versions it must hold. Left at Ray's default (30% of the machine's memory) the
+    store's shared memory grew by a version per step until full: a 90M-parameter model's
+    float32 versions (0.36 GB each) took /dev/shm to 5.4 GB in 30 steps (experiments/LOG.md,
+    session 11), memory the plan did not count and the hosts then lacked."""
+    return max(OBJECT_STORE_MINIMUM, OBJECT_STORE_VERSIONS * publication + OBJECT_STORE_HEADROOM)
 
 
 def shared_memory(hardware: HardwareConfig) -> bool:

@@ -4,9 +4,17 @@ It formats; it never resolves or refuses (that is `locoexp.planner.fit`).
 """
 
 from locoexp.errors import ConfigError
-from locoexp.planner.estimate import GIB
+from locoexp.model.config import RematPolicy
+from locoexp.planner.estimate import GIB, TrainerShape
 from locoexp.planner.fit import check_fit, parameters_b, resolve_plan
-from locoexp.planner.plan import Plan, Setup, capacity_bytes, shared_memory
+from locoexp.planner.plan import (
+    OBJECT_STORE_VERSIONS,
+    Plan,
+    Setup,
+    capacity_bytes,
+    object_store_bytes,
+    shared_memory,
+)
 
 
 def _gib(nbytes: int) -> str:
@@ -34,15 +42,36 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
     terms += [f"float32 weights (XLA on CPU) {_gib(t.upcast)}"] if t.upcast else []
     held = roles.colocated and not setup.rollout.release_weights_during_training
     terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
-    offload = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
+    tail = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
+    if plan.publication:  # da: the replica gathered to publish, after the step
+        tail += (
+            f"; after the step params and AdamW {_gib(t.resident)} + the replica it publishes "
+            f"{_gib(plan.publication)}"
+        )
     return (
         f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} (FSDP), "
         f"{s.rows} rows x {s.row_tokens} tokens per device in {_n(s.micro_batches, 'micro-batch')}"
         f" of {s.micro_batch_rows} (trainer.micro_batch_rows), attention={s.attention.value}, "
-        f"remat={s.remat.value}; {_gib(plan.trainer_peak)} GiB per device = "
+        f"remat={s.remat.value}{_erased(s)}; {_gib(plan.trainer_peak)} GiB per device = "
         + " + ".join(terms)
-        + offload
+        + tail
     )
+
+
+def _object_store(plan: Plan) -> str:
+    if not plan.publication:
+        return ""
+    store = _gib(object_store_bytes(plan.publication))
+    return (
+        f", Ray's object store {store} GiB among them (room for {OBJECT_STORE_VERSIONS} "
+        f"published versions of {_gib(plan.publication)} GiB)"
+    )
+
+
+def _erased(s: TrainerShape) -> str:
+    if not s.remat_erased or s.remat is RematPolicy.none:
+        return ""
+    return " (saves nothing on CPU: XLA merges the recomputation into the forward pass)"
 
 
 def _engine_line(setup: Setup, plan: Plan) -> str:
@@ -104,7 +133,7 @@ def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
     if shared_memory(setup.hardware):
         lines.append(
             f"this machine: {_gib(plan.machine_total)} GiB for all "
-            f"{_n(setup.roles.processes, 'local process')} together"
+            f"{_n(setup.roles.processes, 'local process')} together" + _object_store(plan)
         )
     placement = "colocated" if setup.roles.colocated else "disaggregated"
     return "\n".join([*lines, f"placement: {placement}; {verdict}"])
