@@ -352,19 +352,25 @@ def test_a_bfloat16_sampler_on_cpu_holds_float32_copies_of_its_weights():
     assert plain.engine.decode_upcast == 0 and plain.engine.total < on_cpu.total
 
 
+def used_by_line(*, prompt_tokens: int, trainer: TrainerConfig = TRAINER) -> Setup:
+    """`model=qwen3_0_6b dataset=gsm8k placement=da split=0.25` on CPU as session 10 ran it:
+    bfloat16, 4 hosts (1 trainer, 3 rollout), 3 prompts x 2, 16 new tokens."""
+    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
+    gsm8k = DatasetConfig(
+        prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=prompt_tokens, max_new_tokens=16
+    )
+    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    return setup(model, cpu(4, gib=None), gsm8k, roles=roles, trainer=trainer)
+
+
 def test_on_a_shared_cpu_machine_the_fix_may_take_settings_of_both_roles(monkeypatch):
     # the used-by line's shape with 1,024-token prompts and dense attention on a 37.8 GiB
     # machine (34.0 usable): a bfloat16 Qwen3-0.6B, 1 trainer and 3 rollout hosts; neither a
     # float32 sampler nor blockwise attention fits alone, both together do. Block remat is no
     # remedy on CPU: XLA there merges the recomputation back (tests/test_planner_xla.py).
     monkeypatch.setattr(plan, "machine_memory_gib", lambda: 37.8)
-    model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
-    gsm8k = DatasetConfig(
-        prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=1024, max_new_tokens=16
-    )
-    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
     dense = TrainerConfig(attention=AttentionKind.dense)
-    base = setup(model, cpu(4, gib=None), gsm8k, roles=roles, trainer=dense)
+    base = used_by_line(prompt_tokens=1024, trainer=dense)
     fp32 = dataclasses.replace(base, rollout=RolloutConfig(param_dtype=DType.float32))
     blockwise = dataclasses.replace(base, trainer=TrainerConfig())
     both = dataclasses.replace(fp32, trainer=TrainerConfig())
@@ -378,6 +384,19 @@ def test_on_a_shared_cpu_machine_the_fix_may_take_settings_of_both_roles(monkeyp
     message = str(refused.value)
     assert "fits with rollout.param_dtype=float32 trainer.attention=blockwise" in message
     assert "trainer.remat" not in message
+
+
+def test_on_a_shared_cpu_machine_the_last_resort_is_fewer_copies_of_the_weights(monkeypatch):
+    # the used-by line on a 23.5 GiB machine: its 4 hosts hold 4 copies of Qwen3-0.6B's weights
+    # (the rollout hosts' with float32 copies) and no setting of either role, nor a smaller
+    # batch, fits them; 2 hosts (split=0.5) with one prompt per step do
+    monkeypatch.setattr(plan, "machine_memory_gib", lambda: 23.5)
+    base = used_by_line(prompt_tokens=128)
+    with pytest.raises(ConfigError, match="fits with hardware.hosts=2 split=0.5 dataset.prompts"):
+        check_fit(base)
+    two = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    one_prompt = dataclasses.replace(base.dataset, prompts_per_step=1)
+    check_fit(setup(base.model, cpu(2, gib=None), one_prompt, roles=two))
 
 
 def test_da_on_cpu_counts_the_published_replica_and_the_object_store_it_is_sized_to():
