@@ -397,6 +397,16 @@ def test_on_a_shared_cpu_machine_the_last_resort_is_fewer_copies_of_the_weights(
     two = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
     one_prompt = dataclasses.replace(base.dataset, prompts_per_step=1)
     check_fit(setup(base.model, cpu(2, gib=None), one_prompt, roles=two))
+    # GSM8K's 16 samples per prompt: not even 2 hosts and one prompt fit; the refusal says what
+    # was tried and what is left
+    sixteen = dataclasses.replace(
+        base, dataset=dataclasses.replace(base.dataset, samples_per_prompt=16)
+    )
+    with pytest.raises(
+        ConfigError,
+        match="fewer hosts and smaller batches included .* lower dataset.samples_per_prompt",
+    ):
+        check_fit(sixteen)
 
 
 def test_da_on_cpu_counts_the_published_replica_and_the_object_store_it_is_sized_to():

@@ -246,13 +246,19 @@ def check_fit(setup: Setup) -> Plan:
         return plan
     role = "machine" if shared_memory(setup.hardware) else "trainer" if not trainer_ok else "engine"
     fixes = remedies(setup, role)
-    advice = (
-        f"it fits with {' or '.join(fixes)}"
-        if fixes
-        else "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
-        "dataset.max_new_tokens"
-        + ("" if shared_memory(setup.hardware) else ", or use a larger hardware slice")
-    )
+    if fixes:
+        advice = f"it fits with {' or '.join(fixes)}"
+    elif shared_memory(setup.hardware):  # fewer hosts and smaller batches were tried too
+        advice = (
+            "no setting tried here makes it fit, fewer hosts and smaller batches included (each "
+            "local host process holds its own copy of the weights): use a smaller model, lower "
+            "dataset.samples_per_prompt, or run on a machine with more memory"
+        )
+    else:
+        advice = (
+            "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
+            "dataset.max_new_tokens, or use a larger hardware slice"
+        )
     raise ConfigError(f"does not fit: {_shortfall(setup, plan, role)}; {advice}.")
 
 
