@@ -355,11 +355,15 @@ def run_driver(config: Config, files: RunFiles) -> dict[str, Any]:
         survival.close()
 
 
+def sampler_dtype(config: Config) -> DType:
+    """The rollout engines' weights: `rollout.param_dtype`, else the model's (Table I3)."""
+    return config.rollout.param_dtype or config.model.param_dtype
+
+
 def da_layout(config: Config) -> "DaLayout":
     from locoexp.placement.ray_hosts import DaLayout  # noqa: PLC0415
 
     layout, hw = layout_of(config), config.hardware
-    sampler = config.rollout.param_dtype or config.model.param_dtype
     return DaLayout(
         trainer_hosts=layout.trainer_hosts,
         rollout_hosts=layout.rollout_hosts,
@@ -369,7 +373,9 @@ def da_layout(config: Config) -> "DaLayout":
         coordinator_port=hw.coordinator_port,
         bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
         rollout_restarts=config.placement.rollout_restarts,
-        object_store_bytes=object_store_bytes(publication_bytes(config.model, sampler)),
+        object_store_bytes=object_store_bytes(
+            publication_bytes(config.model, sampler_dtype(config))
+        ),
     )
 
 
@@ -389,7 +395,7 @@ def da_factories(config: Config, schedule: PromptSchedule) -> dict[str, Any]:
         model=config.model,
         algo=config.algo,
         trainer=config.trainer,
-        sampler_dtype=config.rollout.param_dtype or config.model.param_dtype,
+        sampler_dtype=sampler_dtype(config),
         settings=settings,
     )
     return dict(build_rollout=build_rollout, build_trainer=build_trainer)

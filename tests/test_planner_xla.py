@@ -206,6 +206,7 @@ def test_generation_wave_estimate_is_within_25_percent_of_xla(name):
     assert abs(planned / measured - 1) <= TOLERANCE, (planned, measured)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="what XLA on CPU does to remat")
 def test_remat_saves_what_the_backend_keeps_apart():
     """XLA on CPU erases `jax.checkpoint`'s optimization barriers before its common-
     subexpression elimination, which folds the recomputed forward pass back into the original:

@@ -213,7 +213,9 @@ def remedies(setup: Setup, role: str) -> list[str]:
             batch = next((label for label, v in _smaller_batches(base) if _fits(v)), None)
             if batch:
                 return [prefix + batch]
-        for label, fewer in _fewest_hosts(setup):  # then fewer copies of the weights
+        fewest = _fewest_hosts(setup)  # then fewer copies of the weights
+        if fewest is not None:
+            label, fewer = fewest
             if _fits(fewer):
                 return [label]
             batch = next((b for b, v in _smaller_batches(fewer) if _fits(v)), None)
@@ -222,19 +224,19 @@ def remedies(setup: Setup, role: str) -> list[str]:
     return []
 
 
-def _fewest_hosts(setup: Setup) -> list[tuple[str, Setup]]:
+def _fewest_hosts(setup: Setup) -> tuple[str, Setup] | None:
     """On a shared CPU machine every host process holds its own copy of the weights (and under
-    da its own runtime): the fewest hosts the placement runs on, one per role."""
+    da its own runtime): the fewest hosts the placement runs on, one per role (None: already)."""
     r = setup.roles
     if r.trainer_hosts == 1 and (r.colocated or r.rollout_hosts == 1):
-        return []
+        return None
     roles = Roles(
         trainer_hosts=1, rollout_hosts=1, colocated=r.colocated, kl_reference=r.kl_reference
     )
     hosts = 1 if r.colocated else 2
     label = "hardware.hosts=1" if r.colocated else "hardware.hosts=2 split=0.5"
     hardware = dataclasses.replace(setup.hardware, hosts=hosts)
-    return [(label, dataclasses.replace(setup, roles=roles, hardware=hardware))]
+    return label, dataclasses.replace(setup, roles=roles, hardware=hardware)
 
 
 def check_fit(setup: Setup) -> Plan:
