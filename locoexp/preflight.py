@@ -6,7 +6,7 @@ behind. The config's own invariants
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
 the typed `Config` is built; this module adds what needs the machine, cheapest first:
 
-- memory fit, TP vs heads and placement (`main.check_run`, which `main.run` repeats);
+- memory fit, TP vs heads and placement (`session.build.build_spec`, which `main.run` repeats);
 - the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
   its platform settings;
 - the W&B logger: online needs local credentials and a server that answers within 2 s, unless
@@ -30,19 +30,19 @@ from locoexp.config import Config
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.files import check_data_files
+from locoexp.dataset.schedule import build_schedule
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
-from locoexp.main import build_schedule
-from locoexp.main import check_run as check_fit
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
 from locoexp.rollout.config import EngineKind
+from locoexp.session.build import build_spec
 
 
 def check_run(config: Config) -> None:
     """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine."""
-    check_fit(config)
+    build_spec(config)
     if config.rollout.engine is EngineKind.vllm:
         from locoexp.rollout import vllm_engine  # noqa: PLC0415
 
@@ -58,7 +58,7 @@ def check_run(config: Config) -> None:
         check_vocabulary(config)
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
-    build_schedule(config, rows)
+    build_schedule(config.dataset, steps=config.steps, num_examples=rows)
 
 
 def check_data(dataset: DatasetConfig) -> int:

@@ -20,8 +20,11 @@ from tiny_policy import PAD, random_prompts, tiny_model  # noqa: E402
 from locoexp.model.config import DType  # noqa: E402
 from locoexp.model.transformer import init_cache  # noqa: E402
 from locoexp.rollout import sharding  # noqa: E402
-from locoexp.rollout.config import RolloutConfig  # noqa: E402
-from locoexp.rollout.engine import JaxEngine, SamplingParams  # noqa: E402
+from locoexp.rollout.config import (
+    RolloutConfig,  # noqa: E402
+    SamplingParams,  # noqa: E402
+)
+from locoexp.rollout.engine import JaxEngine  # noqa: E402
 
 MAX_NEW = 12
 LAYOUTS = {"tp1_1dev": (1, 1), "tp1": (1, 4), "tp2": (2, 4), "tp4": (4, 4)}

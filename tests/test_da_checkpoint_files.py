@@ -11,7 +11,7 @@ from locoexp.compose import compose_config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError
 from locoexp.placement.halves import HalfReport, RolloutBatch, TrainResult, Window
-from locoexp.placement.ray_transport import BatchLedger
+from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.saved_batches import batch_path, load_batches, prune_batches, save_batches
 
 

@@ -12,9 +12,9 @@ from locoexp.dataset.task import Example
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.config import OptConfig
 from locoexp.placement.halves import Published, RolloutHalf
-from locoexp.placement.phases import StepSettings
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.placement.settings import StepSettings
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine
 
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 4, 1024, 3
 

@@ -17,7 +17,7 @@ from locoexp.algo.grpo import per_token_loss
 from locoexp.compose import compose_config
 from locoexp.dataset.build import build_task
 from locoexp.errors import ConfigError
-from locoexp.main import build_schedule
+from locoexp.dataset.schedule import build_schedule
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
 
@@ -143,7 +143,7 @@ def test_importance_weight_of_equal_log_probs_is_exactly_one():
 def test_every_batch_is_trained_once_with_the_scheduled_prompts(runs, layout):
     config, run_dir, _ = runs[layout]
     task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
-    schedule = build_schedule(config, len(task.train))
+    schedule = build_schedule(config.dataset, steps=config.steps, num_examples=len(task.train))
     lines = [json.loads(x) for x in (run_dir / "batches.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(STEPS))
     for line in lines:

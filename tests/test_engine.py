@@ -27,8 +27,8 @@ from locoexp.errors import ConfigError
 from locoexp.model.config import DType
 from locoexp.model.transformer import Transformer, causal_segment_mask, init_cache
 from locoexp.placement import phases
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams, padded_prompt_tokens
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine, padded_prompt_tokens
 from locoexp.rollout.protocol import Engine
 from locoexp.rollout.sampling import sample_tokens
 

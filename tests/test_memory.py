@@ -12,8 +12,9 @@ from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind, HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.layout import Layout, build_layout
 from locoexp.planner import (
-    Roles,
     Setup,
     check_fit,
     check_tensor_parallel,
@@ -54,8 +55,19 @@ def cpu(hosts: int, gib: float | None = 64.0) -> HardwareConfig:
     return HardwareConfig(hosts=hosts, memory_per_device_gib=gib)
 
 
-def colocated(hardware: HardwareConfig, **kw) -> Roles:
-    return Roles(trainer_hosts=hardware.hosts, rollout_hosts=hardware.hosts, colocated=True, **kw)
+def colocated(hardware: HardwareConfig) -> Layout:
+    return build_layout(PlacementKind.co, hosts=hardware.hosts, devices_per_host=1)
+
+
+def single_controller(hosts: int) -> Layout:
+    return build_layout(PlacementKind.single_controller, hosts=hosts, devices_per_host=1)
+
+
+def disaggregated(trainer_hosts: int, rollout_hosts: int) -> Layout:
+    hosts = trainer_hosts + rollout_hosts
+    return build_layout(
+        PlacementKind.da, hosts=hosts, devices_per_host=1, split=trainer_hosts / hosts
+    )
 
 
 def setup(model, hardware, dataset, *, roles=None, rollout=None, trainer=TRAINER) -> Setup:
@@ -65,7 +77,7 @@ def setup(model, hardware, dataset, *, roles=None, rollout=None, trainer=TRAINER
         rollout=rollout or RolloutConfig(),
         dataset=dataset,
         trainer=trainer,
-        roles=roles or colocated(hardware),
+        layout=roles or colocated(hardware),
     )
 
 
@@ -101,7 +113,7 @@ def test_engine_terms_equal_the_hand_computed_formula():
     # 2 copies x seqs x H x chunk x S x fp32, and the chunk loop's second KV cache
     assert e.prefill == 2 * 4 * 4 * 16 * 21 * 4 + e.kv_cache
     assert e.decode == 2 * 4 * 16 * 4  # logits and log-softmax, seqs x V fp32
-    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=True)
+    roles = build_layout(PlacementKind.co, hosts=1, devices_per_host=1)
     half = fit.resolve_plan(
         setup(TINY, cpu(1), FOUR, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
     )
@@ -244,7 +256,7 @@ def test_an_engine_too_small_for_its_weights_is_refused_naming_a_tp_that_fits():
 def test_tp16_for_qwen3_14b_is_refused_naming_the_keys_and_the_valid_degrees():
     # The paper's case: 14B has 40 heads; a lockstep engine over all 256 TensorCores.
     hardware = tpu_v7x(128)
-    roles = colocated(hardware, hosts_per_engine=32)
+    roles = single_controller(hardware.hosts)
     with pytest.raises(ConfigError) as error:
         check_fit(
             setup(
@@ -286,11 +298,7 @@ def test_more_trainer_devices_need_less_memory_each():
 def test_only_colocated_roles_share_a_device():
     hardware, model = tpu_v7x(16), load_model_option("qwen3_1_7b")
     co = fit.resolve_plan(setup(model, hardware, SMALL))
-    da = fit.resolve_plan(
-        setup(
-            model, hardware, SMALL, roles=Roles(trainer_hosts=2, rollout_hosts=2, colocated=False)
-        )
-    )
+    da = fit.resolve_plan(setup(model, hardware, SMALL, roles=disaggregated(2, 2)))
     assert co.trainer_peak == co.trainer.total + co.engine.weights
     assert co.engine_peak == co.engine.total + co.trainer.resident
     assert (da.trainer_peak, da.engine_peak) == (da.trainer.total, da.engine.total)
@@ -317,7 +325,7 @@ def test_released_engine_weights_leave_the_train_step_and_only_it():
 
 def test_uneven_da_shares_size_the_busiest_engine():
     # 128 prompts x 16 over 3 rollout hosts: 43, 43, 42 groups; the plan holds 43 x 16
-    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    roles = disaggregated(1, 3)
     gsm = DatasetConfig(prompts_per_step=128, samples_per_prompt=16)
     assert setup(TINY, tpu_v7x(16), gsm, roles=roles).requests_per_engine == 43 * 16
 
@@ -327,7 +335,7 @@ def test_cpu_hosts_share_the_machine_and_the_plan_checks_their_sum():
     gsm8k = DatasetConfig(
         prompts_per_step=4, samples_per_prompt=2, max_prompt_tokens=128, max_new_tokens=16
     )
-    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    roles = disaggregated(1, 3)
     p = fit.resolve_plan(setup(model, cpu(4, gib=None), gsm8k, roles=roles))
     overhead = 5 * plan.PROCESS_OVERHEAD_GIB * estimate.GIB  # 4 hosts and the Ray driver
     store = plan.object_store_bytes(p.publication)  # Ray's, sized to the published versions
@@ -339,7 +347,7 @@ def test_a_bfloat16_sampler_on_cpu_holds_float32_copies_of_its_weights():
     # XLA on CPU computes bfloat16 matmuls in float32: prefill holds one float32 copy of the
     # weights, decode one plus two of the tied embedding (tests/test_planner_xla.py measures it)
     model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
-    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    roles = disaggregated(1, 1)
     on_cpu = fit.resolve_plan(setup(model, cpu(2), FOUR, roles=roles)).engine
     embedding = model.vocab_size * model.hidden_dim
     assert on_cpu.prefill_upcast == on_cpu.weights * 2  # float32: twice bfloat16's bytes
@@ -359,7 +367,7 @@ def used_by_line(*, prompt_tokens: int, trainer: TrainerConfig = TRAINER) -> Set
     gsm8k = DatasetConfig(
         prompts_per_step=3, samples_per_prompt=2, max_prompt_tokens=prompt_tokens, max_new_tokens=16
     )
-    roles = Roles(trainer_hosts=1, rollout_hosts=3, colocated=False)
+    roles = disaggregated(1, 3)
     return setup(model, cpu(4, gib=None), gsm8k, roles=roles, trainer=trainer)
 
 
@@ -394,7 +402,7 @@ def test_on_a_shared_cpu_machine_the_last_resort_is_fewer_copies_of_the_weights(
     base = used_by_line(prompt_tokens=128)
     with pytest.raises(ConfigError, match="fits with hardware.hosts=2 split=0.5 dataset.prompts"):
         check_fit(base)
-    two = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    two = disaggregated(1, 1)
     one_prompt = dataclasses.replace(base.dataset, prompts_per_step=1)
     check_fit(setup(base.model, cpu(2, gib=None), one_prompt, roles=two))
     # GSM8K's 16 samples per prompt: not even 2 hosts and one prompt fit; the refusal says what
@@ -414,7 +422,7 @@ def test_da_on_cpu_counts_the_published_replica_and_the_object_store_it_is_sized
     # its params and AdamW state; the local Ray cluster's object store is sized to three
     # published versions and the batches, and the machine's sum counts it
     model = dataclasses.replace(load_model_option("qwen3_0_6b"), param_dtype=DType.bfloat16)
-    roles = Roles(trainer_hosts=1, rollout_hosts=1, colocated=False)
+    roles = disaggregated(1, 1)
     fp32 = RolloutConfig(param_dtype=DType.float32)
     p = fit.resolve_plan(setup(model, cpu(2, gib=None), FOUR, roles=roles, rollout=fp32))
     assert p.publication == estimate.publication_bytes(model, DType.float32)

@@ -11,7 +11,7 @@ import pytest
 
 from locoexp import compose
 from locoexp.errors import ConfigError
-from locoexp.main import plan_setup
+from locoexp.session.build import plan_setup
 from locoexp.planner import check_fit
 from locoexp.planner.paper import (
     WORKAROUNDS,

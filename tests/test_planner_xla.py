@@ -23,8 +23,8 @@ from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.model.transformer import build_model
 from locoexp.planner.estimate import EngineShape, TrainerShape, estimate_engine, estimate_trainer
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine
 from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
 from locoexp.trainer.packing import PackedBatch
 from locoexp.trainer.trainer import Trainer

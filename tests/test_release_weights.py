@@ -8,7 +8,9 @@ import pytest
 
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
-from locoexp.main import build_checked_task, build_in_process, build_schedule, check_run
+from locoexp.dataset.schedule import build_schedule
+from locoexp.placement.build import build_checked_task, build_in_process
+from locoexp.session.build import build_spec
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.halves import Published
 from locoexp.placement.multihost import HostGroup
@@ -26,12 +28,12 @@ TINY_STEP = [
 def run_steps(*overrides: str, steps: int = 2):
     """`steps` in-process co steps; returns losses, the trainer's and the engine's final
     params and, per train phase, whether the engine held weights when the update began."""
-    config = check_run(compose_config([*TINY_STEP, *overrides]))
-    task = build_checked_task(config)
+    spec = build_spec(compose_config([*TINY_STEP, *overrides]))
+    halves = spec.halves
+    task = build_checked_task(halves.model, halves.dataset)
+    schedule = build_schedule(halves.dataset, steps=spec.loop.steps, num_examples=len(task.train))
     timer = StepTimer()
-    step_of = build_in_process(
-        config, task, build_schedule(config, len(task.train)), HostGroup(index=0, count=1), timer
-    )
+    step_of = build_in_process(halves, task, schedule, HostGroup(index=0, count=1), timer)
     engine, trainer = step_of.rollout.engine, step_of.trainer.trainer
     held, train_step = [], trainer.train_step
 

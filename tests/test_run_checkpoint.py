@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 
 from locoexp.checkpoint.config import ResumeMode
+from locoexp.checkpoint.progress import RolloutRestart, RunProgress, TrainedBatch, config_digest
 from locoexp.checkpoint.state import (
     RunCheckpoints,
-    RunProgress,
     check_same_config,
-    config_digest,
     resume_step,
 )
 from locoexp.errors import ConfigError
@@ -32,7 +31,10 @@ def test_progress_and_arrays_round_trip_and_latest_is_the_newest(tmp_path):
 
     arrays = {"w": jnp.arange(6.0).reshape(2, 3), "count": jnp.int32(7)}
     scored = (Checkpoint(step=4, elapsed_s=9.0, score=0.5),)
-    ledger = ({"step": 0, "ids": [1, 2], "versions": [0]},)
+    ledger = (
+        TrainedBatch(step=0, example_ids=(1, 2), weight_versions=(0,)),
+        RolloutRestart(host=1, step=1, regenerated="batch", weight_version=0),
+    )
     checkpoints = RunCheckpoints(tmp_path)
     checkpoints.save(_progress(5, scored=scored, ledger=ledger, weight_version=4), arrays)
     checkpoints.save(_progress(9), {"w": arrays["w"] * 2, "count": jnp.int32(8)}, wait=True)

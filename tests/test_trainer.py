@@ -14,8 +14,8 @@ from tiny_policy import PAD, random_prompts, tiny_model
 
 from locoexp.algo.config import AlgoConfig, LossAggregation
 from locoexp.algo.grpo import policy_loss
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import PackedBatch, pack_sequences, train_view
 from locoexp.trainer.trainer import Trainer, token_logprobs

@@ -24,8 +24,7 @@ from locoexp.dataset.task import Task
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
-from locoexp.rollout.config import EngineKind, RolloutConfig
-from locoexp.rollout.engine import SamplingParams
+from locoexp.rollout.config import EngineKind, RolloutConfig, SamplingParams
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer

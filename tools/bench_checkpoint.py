@@ -27,9 +27,10 @@ from pathlib import Path
 
 from bench_w1 import W1, Records, build_w1_runner  # tools/ is on sys.path when run as a script
 
-from locoexp.checkpoint.state import RunCheckpoints, RunProgress
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.compose import compose_config
-from locoexp.main import build_loop_plan
+from locoexp.session.build import build_spec
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.loop import StepLoop
 
@@ -75,7 +76,7 @@ def bench(pairs: int, directory: Path) -> dict:
     runner = build_w1_runner(config)
     steps = 1 + 2 * pairs
     plan = dataclasses.replace(
-        build_loop_plan(config), steps=steps, eval_at_updates=(), eval_every_steps=0
+        build_spec(config).loop, steps=steps, eval_at_updates=(), eval_every_steps=0
     )
     checkpoints = RunCheckpoints(directory, max_to_keep=2)
     hooks = AlternateSaves(runner, checkpoints)

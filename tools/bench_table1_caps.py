@@ -57,7 +57,7 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 )
 
 from locoexp.compose import compose_config
-from locoexp.main import check_run
+from locoexp.session.build import build_spec
 from locoexp.model.checkpoint import load_model
 from locoexp.planner.plan import trainer_row_tokens
 from locoexp.trainer.packing import pack_sequences
@@ -162,8 +162,9 @@ def standalone_batch(config, prompt_tokens: int, row_tokens: int):
 
 def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: int) -> dict:
     """The train step alone, each time between two measurements of its floor; round by round."""
-    config = check_run(compose_config(overrides))  # micro_batch_rows as the plan resolves it
-    d, t = config.dataset, config.trainer
+    config = compose_config(overrides)
+    halves = build_spec(config).halves  # micro_batch_rows as the plan resolves it
+    d, t = halves.dataset, halves.trainer
     prompt = round(record["rollout/prompt_tokens_mean"])
     batch = standalone_batch(config, prompt, trainer_row_tokens(d, t))
     trainer = Trainer(

@@ -22,8 +22,7 @@ from flax import nnx
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
-from locoexp.rollout.config import EngineKind, RolloutConfig
-from locoexp.rollout.engine import SamplingParams
+from locoexp.rollout.config import EngineKind, RolloutConfig, SamplingParams
 
 W1 = ModelConfig(
     name="w1",

@@ -54,14 +54,16 @@ from locoexp.compose import compose_config
 from locoexp.config import Config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example
-from locoexp.main import build_in_process, build_loop_plan
+from locoexp.placement.build import build_in_process
+from locoexp.session.build import build_spec
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import causal_segment_mask, init_cache
 from locoexp.placement.halves import Published
 from locoexp.placement.inprocess import InProcess
-from locoexp.placement.loop import LoopPlan, StepLoop
+from locoexp.placement.loop import StepLoop
 from locoexp.placement.multihost import HostGroup
+from locoexp.placement.settings import LoopPlan
 from locoexp.rollout.sampling import sample_tokens
 
 W1 = ["+experiment=bench_w1"]  # experiments/experiment/bench_w1.yaml
@@ -234,7 +236,7 @@ class RandomPromptTask:
 
 
 def build_w1_runner(config: Config) -> "CpuMarked":
-    """`locoexp.main.build_in_process` (engine, trainer, step settings) with W1's random-prompt
+    """`locoexp.placement.build.build_in_process` (engine, trainer, step settings) with W1's random-prompt
     task, marked with CPU seconds and process age at each step's start."""
     d = config.dataset
     task = RandomPromptTask(
@@ -246,8 +248,9 @@ def build_w1_runner(config: Config) -> "CpuMarked":
     schedule = PromptSchedule(
         len(task.train), d.prompts_per_step, seed=d.seed, batches_per_pass=None, passes=1
     )
-    runner = build_in_process(config, task, schedule, HostGroup.current(), StepTimer())
-    return CpuMarked(rollout=runner.rollout, trainer=runner.trainer, hosts=runner.hosts)
+    halves = build_spec(config).halves
+    runner = build_in_process(halves, task, schedule, HostGroup.current(), StepTimer())
+    return CpuMarked(rollout=runner.rollout, trainer=runner.trainer, group=runner.group)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -563,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = compose_config(overrides)
     m, d = config.model, config.dataset
     runner = build_w1_runner(config)
-    first_step_s, records = run_steps(runner, build_loop_plan(config), args.steps)
+    first_step_s, records = run_steps(runner, build_spec(config).loop, args.steps)
     rss_run = peak_rss_gb()
     n = d.prompts_per_step * d.samples_per_prompt
     rng = np.random.default_rng(1)

@@ -13,9 +13,9 @@ from typing import Any
 
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.checkpoint.export import export_policy, policy_directory
+from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import (
     RunCheckpoints,
-    RunProgress,
     check_same_config,
     resume_step,
 )

@@ -2,9 +2,10 @@
 
 A checkpoint at step k is everything a run needs to continue with step k as if it had never
 stopped: the sharded arrays (policy parameters, AdamW state, the KL reference when there is one)
-and `RunProgress`, a small JSON record of the host-side state (the next step, which is also the
-prompt schedule's position, the seed every PRNG key derives from, the cost-to-learn clock and
-scored checkpoints, and under `placement=da` the published weight version and the batch ledger).
+and `progress.RunProgress`, a small JSON record of the host-side state (the next step, which is
+also the prompt schedule's position, the seed every PRNG key derives from, the cost-to-learn
+clock and scored checkpoints, and under `placement=da` the published weight version and the
+batch ledger).
 
 Multi-host: every process calls `save` and `restore` with its own global arrays; orbax writes and
 reads each process's addressable shards and process 0 writes the JSON. Saves are asynchronous:
@@ -16,7 +17,6 @@ This module must not decide when to save or what a resumed run does with its rec
 loop does.
 """
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -26,44 +26,10 @@ import jax
 import orbax.checkpoint as ocp
 
 from locoexp.checkpoint.config import ResumeMode
+from locoexp.checkpoint.progress import RunProgress
 from locoexp.errors import ConfigError
-from locoexp.metrics.cost import Checkpoint
 
 CHECKPOINT_DIR = "checkpoints"  # under the run directory
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunProgress:
-    """The host-side state of a run after `next_step` updates (steps 0..next_step-1 done)."""
-
-    # The next step to run. PromptSchedule.batch(t) and every sampling key
-    # (fold_in(key(seed), t, host)) are pure functions of (seed, t), so (seed, next_step) restores
-    # the prompt-schedule position and the RNG state exactly.
-    next_step: int
-    seed: int
-    # Appendix I.1's clock: wall seconds from job start to the end of step next_step-1, evaluation
-    # excluded, summed over every attempt of the run (see `lost_wall_s`).
-    elapsed_s: float
-    eval_total_s: float  # evaluation wall seconds so far (kept off the clock)
-    scored: tuple[Checkpoint, ...] = ()  # the scored checkpoints so far, for cost-to-learn
-    attempts: int = 1  # processes that ran this run (1 + resumes)
-    lost_wall_s: float = 0.0  # wall seconds of steps redone after a loss (counted, App. I.1)
-    weight_version: int | None = None  # placement=da: updates in the published weights
-    ledger: tuple[dict, ...] = ()  # placement=da: the BatchLedger's rows so far
-    config_digest: str = ""  # the run's config without the keys a resume may change
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["scored"] = [dataclasses.asdict(c) for c in self.scored]
-        data["ledger"] = list(self.ledger)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunProgress":
-        data = dict(data)
-        data["scored"] = tuple(Checkpoint(**c) for c in data["scored"])
-        data["ledger"] = tuple(data["ledger"])
-        return cls(**data)
 
 
 def abstract_like(tree: Any) -> Any:
@@ -143,16 +109,6 @@ def resume_step(mode: ResumeMode, checkpoints: RunCheckpoints) -> int | None:
                     "hydra.run.dir at the run to resume or set resume=auto."
                 )
             return latest
-
-
-# Keys a resumed run may change: how long it runs, how it checkpoints and logs, not what it trains.
-RESUMABLE_KEYS = ("steps", "resume", "checkpoint_every_steps", "logger", "dry_run", "hydra")
-
-
-def config_digest(resolved: dict[str, Any]) -> str:
-    """A stable text of the resolved config without `RESUMABLE_KEYS`, to compare on resume."""
-    kept = {k: v for k, v in resolved.items() if k not in RESUMABLE_KEYS}
-    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def check_same_config(progress: RunProgress, digest: str, directory: Path) -> None:

@@ -47,8 +47,11 @@ class StopSignals:
         self._previous: dict[int, object] = {}
 
     def install(self) -> "StopSignals":
+        """Take SIGTERM/SIGINT; called again, take them back from a handler installed since (a
+        Ray driver's `ray.init` installs its own) and keep the handlers found the first time."""
         for number in STOP_SIGNALS:
-            self._previous[number] = signal.signal(number, self._handle)
+            previous = signal.signal(number, self._handle)
+            self._previous.setdefault(number, previous)
         return self
 
     def uninstall(self) -> None:

@@ -8,6 +8,9 @@ in a seeded permutation, and each later pass re-shuffles (epochs).
 
 import numpy as np
 
+from locoexp.dataset.config import DatasetConfig
+from locoexp.errors import ConfigError, require
+
 
 class PromptSchedule:
     """Step t -> indices [B] into the training split. Pure function of (seed, t): restartable."""
@@ -50,3 +53,28 @@ class PromptSchedule:
     def is_scored(self, step: int) -> bool:
         """The last pass is the scored one (Appendix A: steady steps of the second pass)."""
         return step >= self.batches_per_pass * (self.passes - 1)
+
+
+def build_schedule(dataset: DatasetConfig, *, steps: int, num_examples: int) -> PromptSchedule:
+    """The run's prompt schedule over `num_examples` training rows; refuses one that cannot give
+    `steps` batches (`dataset.batches_per_pass` x `dataset.passes`)."""
+    d = dataset
+    try:
+        schedule = PromptSchedule(
+            num_examples,
+            d.prompts_per_step,
+            seed=d.seed,
+            batches_per_pass=d.batches_per_pass,
+            passes=d.passes,
+        )
+    except ValueError as error:
+        raise ConfigError(
+            f"dataset.batches_per_pass / dataset.prompts_per_step: {error}."
+        ) from None
+    total = schedule.total_steps
+    require(
+        total is None or steps <= total,
+        f"steps={steps} exceeds the {total} steps that dataset.batches_per_pass="
+        f"{d.batches_per_pass} x dataset.passes={d.passes} define; set steps<={total}.",
+    )
+    return schedule

@@ -14,19 +14,24 @@ decide when they run (`loop.py` does); how weights are published and loaded is i
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.schedule import PromptSchedule
-from locoexp.dataset.task import Task
+from locoexp.dataset.task import Task, Tokenizer
 from locoexp.metrics.timing import StepTimer
+from locoexp.model.config import ModelConfig
 from locoexp.placement import phases
 from locoexp.placement.multihost import HostGroup, exchange_rows
-from locoexp.placement.phases import StepSettings
-from locoexp.rollout.engine import JaxEngine
+from locoexp.placement.settings import StepSettings
+from locoexp.rollout.protocol import Engine
 from locoexp.rollout.requests import RequestQueue
 from locoexp.trainer.packing import PackedBatch, count_rows, pack_sequences
 from locoexp.trainer.trainer import Trainer
@@ -86,13 +91,13 @@ class TrainResult:
 class RolloutHalf:
     task: Task
     schedule: PromptSchedule
-    engine: JaxEngine
+    engine: Engine
     settings: StepSettings
     host: int  # this rollout host among `hosts`
     hosts: int
     timer: StepTimer
     # dL: (engine, published) -> weights loaded; None where publication writes into `engine`
-    load: Callable[[JaxEngine, Published], None] | None = None
+    load: Callable[[Engine, Published], None] | None = None
     version: int = 0  # the initial weights are the trainer's (same seed)
     admission_log: AdmissionLog | None = None  # this host's per-step admission records
 
@@ -215,6 +220,22 @@ class TrainerHalf:
             report=HalfReport(metrics, Window(start, time.time())),
         )
 
+    def save(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool) -> None:
+        """This host's shards of the training state; process 0 writes `progress`."""
+        checkpoints.save(progress, self.trainer.state(), wait=wait)
+
+    def restore(self, checkpoints: RunCheckpoints, step: int) -> Published | None:
+        """Continue from the checkpoint after `step` updates and publish the restored weights
+        (what the next batch samples with)."""
+        _, state = checkpoints.restore(step, self.trainer.state())
+        self.trainer.load_state(state, steps_done=step)
+        return self.publish(self.trainer)
+
+    def export(self, directory: str | Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
+        """The policy as a Hugging Face directory (every trainer host calls; process 0 writes)."""
+        t = self.trainer
+        export_policy(t.params, t.graphdef, model, tokenizer, directory)
+
     def pack(
         self, batches: Sequence[RolloutBatch], *, carried: dict | None
     ) -> tuple[PackedBatch, list[dict] | None]:
@@ -245,7 +266,7 @@ class TrainerHalf:
         return packed, exchanged
 
 
-def publish_to_engine(trainer: Trainer, *, engine: JaxEngine, one_call: bool) -> Published:
+def publish_to_engine(trainer: Trainer, *, engine: Engine, one_call: bool) -> Published:
     """In-process publication: the FSDP shards gathered into this host's engine (O4: one call)."""
     phases.publish(trainer.params, engine, mesh=trainer.mesh, one_call=one_call)
     return Published(trainer.steps_done)

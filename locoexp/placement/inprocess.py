@@ -9,8 +9,9 @@ by one process over every device: it admits all requests serially and its engine
 lockstep program across all devices (`layout.py`: one process holding every device).
 
 Every host runs `loop.StepLoop` with this transport; what crosses hosts is `multihost.py`'s.
-A run that survives reaches the trainer's state through `state`/`load_state` (a restore also
-publishes the restored weights to this host's engine) and writes the policy with `export`.
+A run that survives reaches the trainer's state through `restore` and `checkpoint` (every host
+its own shards; a restore also publishes the restored weights to this host's engine) and writes
+the policy with `export` (`transport.Transport`).
 """
 
 import dataclasses
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from locoexp.checkpoint.export import export_policy
-from locoexp.checkpoint.state import RunCheckpoints, RunProgress
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.dataset.task import Tokenizer
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -37,7 +39,7 @@ from locoexp.placement.multihost import HostGroup, exchange_metrics
 class InProcess:
     rollout: RolloutHalf
     trainer: TrainerHalf
-    hosts: HostGroup
+    group: HostGroup  # this host among every host (each runs the loop)
 
     def start_rollout(self, step: int, published: Published) -> RolloutBatch:
         return self.rollout.run(step, published)
@@ -56,29 +58,23 @@ class InProcess:
         return [pending]
 
     def exchange(self, record: dict) -> list[dict]:
-        return exchange_metrics(self.hosts, record)
+        return exchange_metrics(self.group, record)
 
     def evaluate(self, published: Published, *, limit: int | None) -> float:
         """Held-out accuracy; each host scores an equal share of the examples."""
         correct, scored = self.rollout.evaluate(published, limit=limit)
-        totals = self.hosts.allgather(np.array([correct, scored])).sum(axis=0)
+        totals = self.group.allgather(np.array([correct, scored])).sum(axis=0)
         return float(totals[0] / max(totals[1], 1))
 
-    def state(self) -> dict:
-        """The trainer's arrays a training-state checkpoint holds (`Trainer.state`)."""
-        return self.trainer.trainer.state()
+    def restore(self, checkpoints: RunCheckpoints, progress: RunProgress) -> Published:
+        """Continue from the checkpoint after `progress.next_step` updates; the restored weights
+        are published to this host's engine (what the next batch samples with)."""
+        return self.trainer.restore(checkpoints, progress.next_step)
 
     def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
-        """This host's shards of `state()` and (process 0) `progress`, after its step."""
-        checkpoints.save(progress, self.state(), wait=wait)
+        """This host's shards of the training state and (process 0) `progress`."""
+        self.trainer.save(checkpoints, progress, wait=wait)
 
-    def load_state(self, state: dict, *, steps_done: int) -> Published:
-        """Continue from a restored `state()` after `steps_done` updates, and publish those
-        weights to this host's engine (what the next batch samples with)."""
-        self.trainer.trainer.load_state(state, steps_done=steps_done)
-        return self.trainer.publish(self.trainer.trainer)
-
-    def export(self, directory: Path, *, model: ModelConfig, tokenizer) -> Path | None:
+    def export(self, directory: Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
         """The policy as a Hugging Face directory (every host calls; process 0 writes)."""
-        trainer = self.trainer.trainer
-        return export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)
+        self.trainer.export(directory, model=model, tokenizer=tokenizer)

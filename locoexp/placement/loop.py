@@ -49,28 +49,11 @@ from locoexp.metrics.run_output import RunOutput, summarize_steps
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
+from locoexp.placement.settings import LoopPlan
+from locoexp.placement.transport import Transport
 from locoexp.trainer.divergence import require_finite_step
 
 NOTHING_PUBLISHED = Published(0)  # the initial weights, before any update
-
-
-class Transport(Protocol):
-    """Where the halves run. `start_*` hand work over, `collect_*` wait for it (idempotent);
-    `collect_*` time their wait on the loop's timer where the work runs elsewhere."""
-
-    def start_rollout(self, step: int, published: Published) -> Any: ...
-
-    def collect_rollout(
-        self, pending: Any, timer: StepTimer | None
-    ) -> tuple[list[HalfReport], Any]: ...
-
-    def start_train(self, step: int, batches: Any, *, carried: dict | None) -> Any: ...
-
-    def collect_train(self, pending: Any, timer: StepTimer) -> list[TrainResult]: ...
-
-    def exchange(self, record: dict) -> list[dict]: ...
-
-    def evaluate(self, published: Published, *, limit: int | None) -> float: ...
 
 
 class RecordSink(Protocol):
@@ -82,7 +65,7 @@ class RecordSink(Protocol):
 
 
 class SurvivalHooks(Protocol):
-    """Stops and checkpoints, called on every host after each step (`locoexp.main`'s)."""
+    """Stops and checkpoints, called on every host after each step (`locoexp.session`'s)."""
 
     def stop_requested(self, step: int) -> int | None: ...  # the agreed signal number
 
@@ -105,31 +88,6 @@ class LoopClock:
     def elapsed_s(self, now: float | None = None) -> float:
         now = time.perf_counter() if now is None else now
         return self.offset_s + now - self.start_time - self.eval_total_s
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoopPlan:
-    steps: int
-    staleness: int  # 0: co, single_controller; 1: da
-    eval_every_steps: int
-    eval_at_updates: tuple[int, ...]
-    eval_limit: int | None
-    metrics_off_barrier: bool  # O1
-    freeze_gc: bool  # O2
-    # cost-to-learn (Appendix I.1): the target accuracy and what a chip-hour is
-    eval_target: float
-    chips: int
-    chip_hour_price_usd: float
-    warmup_steps: int = 1
-    start_step: int = 0  # a resumed run's first step (the restored checkpoint's next step)
-
-    def evaluates_after(self, updates: int) -> bool:
-        every = self.eval_every_steps
-        return (
-            bool(every and updates % every == 0)
-            or updates in self.eval_at_updates
-            or updates == self.steps
-        )
 
 
 def drive(

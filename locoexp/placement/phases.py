@@ -17,9 +17,10 @@ from locoexp.algo.grpo import compute_group_advantages
 from locoexp.dataset.admission import AdmissionRecord, admit_requests
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
-from locoexp.placement.config import OptConfig
 from locoexp.placement.multihost import gather_for_engine
-from locoexp.rollout.engine import JaxEngine, Rollout, SamplingParams
+from locoexp.rollout.config import SamplingParams
+from locoexp.rollout.engine import Rollout
+from locoexp.rollout.protocol import Engine
 from locoexp.rollout.requests import RequestQueue
 
 
@@ -38,22 +39,6 @@ class Admitted:
 class Scored:
     rewards: np.ndarray  # [B, G]
     advantages: np.ndarray  # [B, G]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepSettings:
-    """Plain values one step needs (built by main from the config groups)."""
-
-    group_size: int
-    max_new_tokens: int
-    row_tokens: int
-    loss_slot_multiple: int  # K per host is a multiple of this (head chunk x local devices)
-    sampling: SamplingParams
-    eval_sampling: SamplingParams
-    advantage: AdvantageKind
-    advantage_eps: float
-    opt: OptConfig
-    seed: int = 0
 
 
 def host_shares(prompts: int, hosts: int) -> list[int]:
@@ -109,7 +94,7 @@ def admit(
 
 
 def generate(
-    engine: JaxEngine,
+    engine: Engine,
     queue: RequestQueue,
     *,
     key: jax.Array,
@@ -131,7 +116,7 @@ def score(
     return Scored(rewards=rewards, advantages=compute_group_advantages(rewards, advantage, eps))
 
 
-def publish(params, engine: JaxEngine, *, mesh: Mesh, one_call: bool) -> None:
+def publish(params, engine: Engine, *, mesh: Mesh, one_call: bool) -> None:
     """Weight publication: gather the FSDP shards into this host's engine replica (O4: every
     weight in one gather and one load; otherwise per layer)."""
     local = gather_for_engine(params, mesh, engine.devices, one_call=one_call, dtype=engine.dtype)

@@ -15,9 +15,9 @@ the config and the published weights, so Ray restarts its actor after its proces
 driver then asks it for the lost work again (`ray_transport.py`). A trainer host holds the
 training state, which only a checkpoint restores, so it is never restarted.
 
-The halves come from factories that `locoexp.main` builds and Ray ships to the actors; this module
-never reads a config and never decides the schedule (`loop.py` does). Actors start with
-`XLA_FLAGS` in their environment so jax sees `devices_per_host` CPU devices.
+The halves come from the factories of a `locoexp.session.RunSpec`, which Ray ships to the
+actors; this module never reads a config and never decides the schedule (`loop.py` does).
+Actors start with `XLA_FLAGS` in their environment so jax sees `devices_per_host` CPU devices.
 
 Loopback: Ray turns a node address of 127.0.0.1 into the machine's routable address (so its
 gcs_server, raylet, workers and autoscaler monitor listen on every interface) unless it treats
@@ -40,31 +40,24 @@ from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from locoexp.checkpoint.export import export_policy
-from locoexp.checkpoint.state import RunCheckpoints, RunProgress
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.dataset.task import Tokenizer
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
-from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
+from locoexp.model.config import ModelConfig
+from locoexp.placement.halves import (
+    HalfReport,
+    Published,
+    RolloutBatch,
+    RolloutHalf,
+    TrainerHalf,
+    TrainResult,
+)
 from locoexp.placement.launch import free_port, host_port, initialize_distributed
+from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.trainer.trainer import Trainer
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DaLayout:
-    """Who runs where: host counts per side, devices per host, and the Ray cluster to use."""
-
-    trainer_hosts: int
-    rollout_hosts: int
-    devices_per_host: int
-    cpu_devices: bool  # hardware=cpu: each actor gets its devices through XLA_FLAGS
-    ray_address: str | None  # None: a local cluster on 127.0.0.1
-    coordinator_port: int  # the trainer group's jax.distributed coordinator; 0 = a free port
-    bind_address: str | None  # the interface listening sockets bind to; None: all
-    rollout_restarts: int  # Ray restarts of each rollout host's actor (placement.rollout_restarts)
-    # the local cluster's object store (planner.plan.object_store_bytes); None: Ray's default.
-    # A cluster joined at `ray_address` keeps its own.
-    object_store_bytes: int | None = None
 
 
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
@@ -89,7 +82,7 @@ class _Actor:
 
 
 class RolloutHost(_Actor):
-    def __init__(self, build: Callable[..., Any], *, index: int, hosts: int, freeze: bool):
+    def __init__(self, build: Callable[..., RolloutHalf], *, index: int, hosts: int, freeze: bool):
         self.timer, self.freeze_after_warmup = StepTimer(), freeze
         self.half = build(host=index, hosts=hosts, timer=self.timer)
 
@@ -121,7 +114,7 @@ class TrainerHost(_Actor):
     def join(
         self,
         coordinator: str,
-        build: Callable[..., Any],
+        build: Callable[..., TrainerHalf],
         *,
         freeze: bool,
         bind_address: str | None,
@@ -151,24 +144,19 @@ class TrainerHost(_Actor):
             self.checkpoints = RunCheckpoints(run_dir)
         return self.checkpoints
 
-    def save_checkpoint(self, run_dir: str, progress: dict, *, wait: bool) -> None:
-        """This host's shards of the training state; the group's process 0 writes `progress`
-        (a `RunProgress` as JSON). Asynchronous unless `wait` (`RunCheckpoints.save`)."""
-        state = self.half.trainer.state()
-        self._checkpoints(run_dir).save(RunProgress.from_json(progress), state, wait=wait)
+    def save_checkpoint(self, run_dir: str, progress: RunProgress, *, wait: bool) -> None:
+        """This host's shards of the training state; the group's process 0 writes `progress`.
+        Asynchronous unless `wait` (`RunCheckpoints.save`)."""
+        self.half.save(self._checkpoints(run_dir), progress, wait=wait)
 
     def restore_checkpoint(self, run_dir: str, step: int) -> Published | None:
         """Continue from the checkpoint after `step` updates; the restored weights are published
         (the leader returns them, versioned `step`)."""
-        trainer = self.half.trainer
-        _, state = self._checkpoints(run_dir).restore(step, trainer.state())
-        trainer.load_state(state, steps_done=step)
-        return self.half.publish(trainer)
+        return self.half.restore(self._checkpoints(run_dir), step)
 
-    def export_policy(self, directory: str, model, tokenizer) -> None:
+    def export_policy(self, directory: str, model: ModelConfig, tokenizer: Tokenizer) -> None:
         """The policy as a Hugging Face directory (every trainer host calls; process 0 writes)."""
-        trainer = self.half.trainer
-        export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)
+        self.half.export(directory, model=model, tokenizer=tokenizer)
 
     def close_checkpoints(self) -> None:
         """Wait for an asynchronous save still being written, before the actor is stopped."""
@@ -217,7 +205,7 @@ class Hosts:
             remove_placement_group(self.group)
 
 
-def start_ray(layout: DaLayout) -> None:
+def start_ray(layout: Layout) -> None:
     options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True)
     if layout.bind_address is not None:
         options["_node_ip_address"] = layout.bind_address
@@ -243,10 +231,10 @@ def _keep_ray_on_loopback() -> None:
 
 def start_hosts(
     hosts: Hosts,
-    layout: DaLayout,
+    layout: Layout,
     *,
-    build_rollout: Callable[..., Any],
-    build_trainer: Callable[..., Any],
+    build_rollout: Callable[..., RolloutHalf],
+    build_trainer: Callable[..., TrainerHalf],
     freeze: bool,
 ) -> None:
     """One actor per host in one placement group (one bundle per host; spread over nodes when
@@ -256,7 +244,7 @@ def start_hosts(
     hosts.group = placement_group([{"CPU": 1}] * count, strategy=strategy)
     ray.get(hosts.group.ready())
     env = {}
-    if layout.cpu_devices:
+    if layout.cpu:
         flag = f"--xla_force_host_platform_device_count={layout.devices_per_host}"
         env = {"XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
 

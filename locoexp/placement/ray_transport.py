@@ -28,21 +28,31 @@ Runs that survive (issue 13):
 import collections
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import ray
 
-from locoexp.checkpoint.state import RunProgress
-from locoexp.dataset.schedule import PromptSchedule
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.dataset.task import Tokenizer
 from locoexp.errors import RunFailed
 from locoexp.metrics.timing import StepTimer
-from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
-from locoexp.placement.ray_hosts import DaLayout, Hosts, start_hosts, start_ray
+from locoexp.model.config import ModelConfig
+from locoexp.placement.halves import (
+    HalfReport,
+    Published,
+    RolloutBatch,
+    RolloutHalf,
+    TrainerHalf,
+    TrainResult,
+)
+from locoexp.placement.layout import Layout
+from locoexp.placement.ledger import BatchLedger
+from locoexp.placement.multihost import HostGroup
+from locoexp.placement.ray_hosts import Hosts, start_hosts, start_ray
 from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
@@ -50,53 +60,7 @@ from locoexp.placement.saved_batches import load_batches, prune_batches, save_ba
 HOST_LOST = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
 
 
-class BatchLedger:
-    """Each step's batch must be trained exactly once, with exactly the scheduled prompts; the
-    ledger (`batches.jsonl`) also records each rollout host restart and what was regenerated.
-    `rows`: a resumed run's rows (its checkpoint's); the file is rewritten to them, like
-    `metrics.jsonl` is cut back, so a step redone after a loss appears once."""
-
-    def __init__(self, schedule: PromptSchedule, example_ids: list[int], path: Path, *, rows=()):
-        self.schedule, self.example_ids = schedule, example_ids
-        self.rows: list[dict] = []
-        self.trained: list[int] = []
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", encoding="utf-8")
-        for row in rows:
-            self._write(dict(row))
-
-    def record(self, result: TrainResult) -> None:
-        step, trained_ids = result.step, list(result.example_ids)
-        scheduled = [self.example_ids[i] for i in self.schedule.batch(step)]
-        if step in self.trained or sorted(trained_ids) != sorted(scheduled):
-            raise RuntimeError(
-                f"step {step}: trained prompts {sorted(trained_ids)} are not batch {step}'s "
-                f"{sorted(scheduled)} exactly once (already trained: {step in self.trained})"
-            )
-        self._write({"step": step, "example_ids": trained_ids, "weight_versions": result.versions})
-
-    def record_restart(self, *, host: int, step: int, regenerated: str, weight_version: int):
-        """Rollout host `host` was restarted while it worked on `regenerated` for step `step`,
-        which it did again with the weights of `weight_version` updates."""
-        row = dict(event=RESTART, host=host, step=step, regenerated=regenerated)
-        self._write({**row, "weight_version": weight_version})
-
-    def restarts(self, host: int | None = None) -> int:
-        """Restarts so far (of rollout host `host`; of every host when None)."""
-        return sum(r.get("event") == RESTART and host in (None, r["host"]) for r in self.rows)
-
-    def _write(self, row: dict) -> None:
-        if "example_ids" in row:
-            self.trained.append(row["step"])
-        self.rows.append(row)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-RESTART = "rollout_restart"  # the ledger row of a restarted rollout host
+Refs = tuple[ray.ObjectRef, ray.ObjectRef]  # a rollout host's (report, batch) in flight
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -106,7 +70,7 @@ class PendingRollout:
 
     step: int
     published: Published
-    calls: list[tuple[Any, Any]]
+    calls: list[Refs]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -135,7 +99,9 @@ class RayActors:
     def _rollout_hosts(self) -> range:
         return range(len(self.hosts.rollouts))
 
-    def _generate(self, host: int, step: int, published: Published) -> tuple[Any, Any]:
+    def _generate(
+        self, host: int, step: int, published: Published
+    ) -> tuple[ray.ObjectRef, ray.ObjectRef]:
         return self.hosts.rollouts[host].generate.options(num_returns=2).remote(step, published)
 
     def collect_rollout(
@@ -225,7 +191,11 @@ class RayActors:
         correct, scored = np.sum(results, axis=0)
         return float(correct / max(scored, 1))
 
-    def checkpoint(self, checkpoints, progress: RunProgress, *, wait: bool) -> None:
+    @property
+    def group(self) -> HostGroup:
+        return DRIVER
+
+    def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
         """The checkpoint after `progress.next_step` updates: the next batch when it is already
         generated (`saved_batches`), then every trainer host's shards, the weight version and
         the ledger (`checkpoints` is the driver's; the trainer hosts write their own)."""
@@ -238,17 +208,17 @@ class RayActors:
         )
         run_dir = str(self.run_dir.resolve())
         calls = [
-            t.save_checkpoint.remote(run_dir, progress.to_json(), wait=wait)
-            for t in self.hosts.trainers
+            t.save_checkpoint.remote(run_dir, progress, wait=wait) for t in self.hosts.trainers
         ]
         self._from_trainers(calls, during=f"the checkpoint after {updates} steps")
         kept = [int(p.name) for p in checkpoints.directory.glob("*") if p.name.isdigit()]
         prune_batches(self.run_dir, oldest_kept=min(kept, default=updates))
 
-    def restore(self, progress: RunProgress) -> Published:
+    def restore(self, checkpoints: RunCheckpoints, progress: RunProgress) -> Published:
         """Continue from the checkpoint after `progress.next_step` updates: every trainer host
-        restores its shards and the restored weights are published; a saved next batch is
-        trained as it was generated (else it is sampled with the restored weights)."""
+        restores its shards (from its own `RunCheckpoints`) and the restored weights are
+        published; a saved next batch is trained as it was generated (else it is sampled with
+        the restored weights)."""
         step, run_dir = progress.next_step, str(self.run_dir.resolve())
         calls = [t.restore_checkpoint.remote(run_dir, step) for t in self.hosts.trainers]
         published = self._from_trainers(calls, during=f"the restore of step {step}")[0]
@@ -257,12 +227,17 @@ class RayActors:
             self.restored[step] = saved
         return published
 
-    def export(self, directory: Path, *, model, tokenizer) -> None:
+    def export(self, directory: Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
         """The policy as a Hugging Face directory, written by trainer host 0."""
         calls = [
             t.export_policy.remote(str(directory), model, tokenizer) for t in self.hosts.trainers
         ]
         self._from_trainers(calls, during=f"the export to {directory}")
+
+
+# The one process that runs the loop, records and decides under da (the trainer hosts' group is
+# theirs, so JAX's preemption notice does not reach it: only its own signals count).
+DRIVER = HostGroup(index=0, count=1)
 
 
 def wait_restarted(actor) -> bool:
@@ -294,10 +269,10 @@ def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = Fa
 
 @contextlib.contextmanager
 def ray_actors(
-    layout: DaLayout,
+    layout: Layout,
     *,
-    build_rollout: Callable[..., Any],
-    build_trainer: Callable[..., Any],
+    build_rollout: Callable[..., RolloutHalf],
+    build_trainer: Callable[..., TrainerHalf],
     freeze_gc: bool,
     ledger: BatchLedger,
     run_dir: Path,

@@ -14,10 +14,10 @@ from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.placement.layout import build_layout
 from locoexp.planner.estimate import GIB
 from locoexp.planner.plan import (
     Plan,
-    Roles,
     Setup,
     build_plan,
     capacity_bytes,
@@ -159,7 +159,7 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
 def _smaller_batches(setup: Setup) -> list[tuple[str, Setup]]:
     """Halved prompts per step, kept whole per host (co) or per rollout host (da): on a shared
     CPU machine more hosts never help, a smaller batch does."""
-    roles, d = setup.roles, setup.dataset
+    roles, d = setup.layout, setup.dataset
     multiple = roles.rollout_hosts if roles.hosts_per_engine == 1 else 1
     out, prompts = [], d.prompts_per_step
     while prompts > multiple:
@@ -227,16 +227,14 @@ def remedies(setup: Setup, role: str) -> list[str]:
 def _fewest_hosts(setup: Setup) -> tuple[str, Setup] | None:
     """On a shared CPU machine every host process holds its own copy of the weights (and under
     da its own runtime): the fewest hosts the placement runs on, one per role (None: already)."""
-    r = setup.roles
+    r = setup.layout
     if r.trainer_hosts == 1 and (r.colocated or r.rollout_hosts == 1):
         return None
-    roles = Roles(
-        trainer_hosts=1, rollout_hosts=1, colocated=r.colocated, kl_reference=r.kl_reference
-    )
-    hosts = 1 if r.colocated else 2
+    hosts, split = (1, None) if r.colocated else (2, 0.5)
+    layout = build_layout(r.kind, hosts=hosts, devices_per_host=r.devices_per_host, split=split)
     label = "hardware.hosts=1" if r.colocated else "hardware.hosts=2 split=0.5"
     hardware = dataclasses.replace(setup.hardware, hosts=hosts)
-    return label, dataclasses.replace(setup, roles=roles, hardware=hardware)
+    return label, dataclasses.replace(setup, layout=layout, hardware=hardware)
 
 
 def check_fit(setup: Setup) -> Plan:
@@ -268,7 +266,8 @@ def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
     hw, limit = setup.hardware, capacity_bytes(setup.hardware)
     if shared_memory(hw):
         return (
-            f"the {setup.roles.processes} local processes need {_gib(plan.machine_total)} GiB "
+            f"the {setup.layout.local_processes} local processes need "
+            f"{_gib(plan.machine_total)} GiB "
             f"together of this machine's usable {_gib(limit)} (hardware=cpu hosts share its memory)"
         )
     if role == "trainer":

@@ -1,8 +1,9 @@
 """The memory plan of a run: roles on devices, resolved micro-batch and wave sizes, the fit.
 
-It owns the placement of the two roles on the hardware (`Roles`), the resolution of
-`trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values that fit, and the
-verdict. It reads sub-configs and scalars, never the root config, and never allocates.
+It owns the two roles' shapes on the hardware (who runs where is `placement.layout.Layout`),
+the resolution of `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values
+that fit, and the verdict. It reads sub-configs and scalars, never the root config, and never
+allocates.
 
 Where the fit is checked: on an accelerator each device has its own memory
 (`hardware.memory_per_device_gib`), so each role's per-device peak must fit it. Colocated roles
@@ -20,10 +21,10 @@ import math
 import os
 
 from locoexp.dataset.config import DatasetConfig
-from locoexp.errors import require
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.placement.layout import Layout
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
 from locoexp.rollout.config import RolloutConfig
@@ -39,41 +40,6 @@ SHARED_MEMORY_USABLE = 0.9  # of a CPU machine's memory; the rest for the OS and
 OBJECT_STORE_VERSIONS = 3
 OBJECT_STORE_HEADROOM = 256 * 2**20  # the rollout batches and results that pass through it
 OBJECT_STORE_MINIMUM = 78_643_200  # Ray refuses a smaller store (OBJECT_STORE_MINIMUM_MEMORY_BYTES)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Roles:
-    """Which hosts train and which generate. The placements map onto it as:
-
-    co: Roles(trainer_hosts=H, rollout_hosts=H, colocated=True)
-    da: Roles(trainer_hosts=split*H, rollout_hosts=H - split*H, colocated=False)
-    single_controller: Roles(trainer_hosts=H, rollout_hosts=H, colocated=True, hosts_per_engine=H)
-    """
-
-    trainer_hosts: int
-    rollout_hosts: int
-    colocated: bool
-    hosts_per_engine: int = 1  # 1 = host-local engines (LoCoJAX); H = one lockstep engine
-    kl_reference: bool = False  # the trainer also keeps the initial policy (algo.kl_coef > 0)
-
-    def __post_init__(self):
-        require(
-            self.trainer_hosts >= 1 and self.rollout_hosts >= 1,
-            "the trainer and the rollout engines each need at least one host.",
-        )
-        require(
-            self.rollout_hosts % self.hosts_per_engine == 0,
-            f"{self.rollout_hosts} rollout hosts do not split into engines of "
-            f"{self.hosts_per_engine} hosts.",
-        )
-
-    @property
-    def processes(self) -> int:
-        """Local processes of a CPU run: one per host, one in all for the single controller,
-        plus the Ray driver under da."""
-        if self.hosts_per_engine > 1:
-            return 1
-        return self.trainer_hosts if self.colocated else self.trainer_hosts + self.rollout_hosts + 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,15 +141,16 @@ class Setup:
     rollout: RolloutConfig
     dataset: DatasetConfig
     trainer: TrainerConfig
-    roles: Roles
+    layout: Layout  # who trains and who generates, on how many hosts
+    kl_reference: bool = False  # the trainer also keeps the initial policy (algo.kl_coef > 0)
 
     @property
     def engine_devices(self) -> int:
-        return self.roles.hosts_per_engine * self.hardware.devices_per_host
+        return self.layout.hosts_per_engine * self.hardware.devices_per_host
 
     @property
     def engines(self) -> int:
-        return self.roles.rollout_hosts // self.roles.hosts_per_engine
+        return self.layout.rollout_hosts // self.layout.hosts_per_engine
 
     @property
     def replicas(self) -> int:
@@ -198,7 +165,7 @@ class Setup:
 
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     """The plan at `micro` rows per micro-batch and `per_replica` sequences per engine replica."""
-    m, r = setup.model, setup.roles
+    m, r = setup.model, setup.layout
     # XLA on CPU computes bfloat16 matmuls in float32 and erases remat (estimate.TrainerShape)
     cpu = setup.hardware.platform == "cpu"
     tshape = _trainer_shape(
@@ -206,7 +173,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         setup.trainer,
         devices=r.trainer_hosts * setup.hardware.devices_per_host,
         micro=micro,
-        kl=r.kl_reference,
+        kl=setup.kl_reference,
         xla_cpu=cpu,
     )
     eshape = _engine_shape(
@@ -244,8 +211,8 @@ def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publicatio
     published versions in Ray's object store, summed."""
     if not shared_memory(setup.hardware):
         return 0
-    r, per_host = setup.roles, setup.hardware.devices_per_host
-    overhead = int(r.processes * PROCESS_OVERHEAD_GIB * GIB)
+    r, per_host = setup.layout, setup.hardware.devices_per_host
+    overhead = int(r.local_processes * PROCESS_OVERHEAD_GIB * GIB)
     if r.colocated:
         return r.trainer_hosts * per_host * max(trainer_peak, engine_peak) + overhead
     devices = (r.trainer_hosts * trainer_peak + r.rollout_hosts * engine_peak) * per_host

@@ -27,7 +27,7 @@ def _n(count: int, noun: str) -> str:
 
 
 def _trainer_line(setup: Setup, plan: Plan) -> str:
-    t, s, roles = plan.trainer, plan.trainer_shape, setup.roles
+    t, s, roles = plan.trainer, plan.trainer_shape, setup.layout
     terms = [
         f"params {_gib(t.params)}",
         f"AdamW {_gib(t.optimizer)}",
@@ -38,7 +38,7 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         if t.head_in_micro_batches
         else f"max(gradients, head chunk {_gib(t.head_chunk)})",
     ]
-    terms += [f"KL reference {_gib(t.reference)}"] if roles.kl_reference else []
+    terms += [f"KL reference {_gib(t.reference)}"] if setup.kl_reference else []
     terms += [f"float32 weights (XLA on CPU) {_gib(t.upcast)}"] if t.upcast else []
     held = roles.colocated and not setup.rollout.release_weights_during_training
     terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
@@ -75,7 +75,7 @@ def _erased(s: TrainerShape) -> str:
 
 
 def _engine_line(setup: Setup, plan: Plan) -> str:
-    e, s, roles = plan.engine, plan.engine_shape, setup.roles
+    e, s, roles = plan.engine, plan.engine_shape, setup.layout
     terms = [
         f"weights {_gib(e.weights)}",
         f"KV cache {_gib(e.kv_cache)}",
@@ -133,7 +133,7 @@ def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
     if shared_memory(setup.hardware):
         lines.append(
             f"this machine: {_gib(plan.machine_total)} GiB for all "
-            f"{_n(setup.roles.processes, 'local process')} together" + _object_store(plan)
+            f"{_n(setup.layout.local_processes, 'local process')} together" + _object_store(plan)
         )
-    placement = "colocated" if setup.roles.colocated else "disaggregated"
+    placement = "colocated" if setup.layout.colocated else "disaggregated"
     return "\n".join([*lines, f"placement: {placement}; {verdict}"])

@@ -128,3 +128,13 @@ _VLLM_ONLY = {
     "kv_cache_gib": 0.0,
     "enforce_eager": False,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static per-call sampling settings (each distinct value compiles once)."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    ignore_eos: bool = False

@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec as PS
 from locoexp.model.transformer import Transformer
 from locoexp.rollout import decode as programs
 from locoexp.rollout import sharding
-from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.config import RolloutConfig, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +75,6 @@ class Rollout:
         if self.decode_s is None or self.decode_iterations == 0:
             return None
         return self.decode_s / self.decode_iterations
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Static per-call sampling settings (each distinct value compiles once)."""
-
-    temperature: float
-    top_k: int = 0
-    top_p: float = 1.0
-    ignore_eos: bool = False
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -11,7 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from locoexp.rollout.engine import Rollout, SamplingParams
+from locoexp.rollout.config import SamplingParams
+from locoexp.rollout.engine import Rollout
 
 
 @runtime_checkable

@@ -40,8 +40,8 @@ from flax import nnx
 from locoexp.errors import ConfigError, require
 from locoexp.model.checkpoint import CONFIG_FILE, save_checkpoint, tensor_names
 from locoexp.model.transformer import Transformer
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import Rollout, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import Rollout
 
 WORKER_EXTENSION = "locoexp.rollout.vllm_worker.WeightUpdateExtension"
 _GIB = 1 << 30

@@ -16,8 +16,8 @@ from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.placement import phases
 from locoexp.placement.multihost import HostGroup, gather_for_engine
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer

@@ -12,7 +12,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from locoexp.algo.config import AlgoConfig
-from locoexp.checkpoint.state import RunCheckpoints, RunProgress
+from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.model.transformer import build_model
 from locoexp.testing.multihost import MAX_NEW, MODEL, SEQUENCES, agree, fixed_sequences
 from locoexp.trainer.config import TrainerConfig

@@ -1,0 +1,70 @@
+"""`BatchLedger`: under `placement=da`, each step's batch is trained exactly once with exactly
+its scheduled prompts, and every rollout host restart is recorded (`batches.jsonl`).
+
+Rows are typed (`checkpoint.progress.TrainedBatch`, `RolloutRestart`); a checkpoint carries
+them in its `RunProgress`, and a resumed run's ledger starts from them (the file is rewritten to
+them, as `metrics.jsonl` is cut back, so a step redone after a loss appears once). Neither Ray
+nor JAX: the driver holds it, the transport (`ray_transport.py`) feeds it.
+"""
+
+import json
+from pathlib import Path
+
+from locoexp.checkpoint.progress import LedgerRow, RolloutRestart, TrainedBatch
+from locoexp.dataset.schedule import PromptSchedule
+from locoexp.placement.halves import TrainResult
+
+
+class BatchLedger:
+    def __init__(
+        self,
+        schedule: PromptSchedule,
+        example_ids: list[int],
+        path: Path,
+        *,
+        rows: tuple[LedgerRow, ...] = (),
+    ):
+        self.schedule, self.example_ids = schedule, example_ids
+        self.rows: list[LedgerRow] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("w", encoding="utf-8")
+        for row in rows:
+            self._write(row)
+
+    @property
+    def trained(self) -> list[int]:
+        """The steps trained so far, in order."""
+        return [r.step for r in self.rows if isinstance(r, TrainedBatch)]
+
+    def record(self, result: TrainResult) -> None:
+        step, trained_ids = result.step, list(result.example_ids)
+        scheduled = [self.example_ids[i] for i in self.schedule.batch(step)]
+        if step in self.trained or sorted(trained_ids) != sorted(scheduled):
+            raise RuntimeError(
+                f"step {step}: trained prompts {sorted(trained_ids)} are not batch {step}'s "
+                f"{sorted(scheduled)} exactly once (already trained: {step in self.trained})"
+            )
+        row = TrainedBatch(
+            step=step, example_ids=tuple(trained_ids), weight_versions=tuple(result.versions)
+        )
+        self._write(row)
+
+    def record_restart(self, *, host: int, step: int, regenerated: str, weight_version: int):
+        """Rollout host `host` was restarted while it worked on `regenerated` for step `step`,
+        which it did again with the weights of `weight_version` updates."""
+        row = RolloutRestart(
+            host=host, step=step, regenerated=regenerated, weight_version=weight_version
+        )
+        self._write(row)
+
+    def restarts(self, host: int | None = None) -> int:
+        """Restarts so far (of rollout host `host`; of every host when None)."""
+        return sum(isinstance(r, RolloutRestart) and host in (None, r.host) for r in self.rows)
+
+    def _write(self, row: LedgerRow) -> None:
+        self.rows.append(row)
+        self._file.write(json.dumps(row.to_json()) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,155 @@
+"""`build_spec(config)`: the root `Config` -> a checked `RunSpec` (`spec.py`), and `plan_setup`,
+what the memory plan reads. The one place besides `locoexp.main` that reads the root config; it
+imports the planner (which counts parameters with `jax.eval_shape`), so `spec.py` stays jax-free.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+from locoexp.checkpoint.progress import config_digest
+from locoexp.config import Config
+from locoexp.hardware.config import ChipKind
+from locoexp.model.config import DType
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.layout import Layout, build_layout
+from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
+from locoexp.planner import Setup, check_fit
+from locoexp.planner.estimate import publication_bytes
+from locoexp.planner.plan import object_store_bytes, trainer_row_tokens
+from locoexp.rollout.config import SamplingParams
+from locoexp.session.spec import RunSpec, SurvivalSpec
+
+
+def build_layout_of(config: Config) -> Layout:
+    """The run's layout, with where its processes meet and (da) its Ray cluster."""
+    hw, placement = config.hardware, config.placement
+    multi_machine = placement.ray_address is not None
+    meeting: dict[str, Any] = dict(
+        coordinator_port=hw.coordinator_port,
+        bind_address=hw.listen_address(multi_machine=multi_machine),
+    )
+    if placement.kind is PlacementKind.da:
+        meeting |= dict(
+            ray_address=placement.ray_address,
+            rollout_restarts=placement.rollout_restarts,
+            object_store_bytes=object_store_bytes(
+                publication_bytes(config.model, sampler_dtype(config))
+            ),
+        )
+    return build_layout(
+        placement.kind,
+        hosts=hw.hosts,
+        devices_per_host=hw.devices_per_host,
+        split=config.split,
+        cpu=hw.chip is ChipKind.cpu,
+        **meeting,
+    )
+
+
+def plan_setup(config: Config) -> Setup:
+    """What the memory plan reads: the sub-configs and the layout."""
+    c = config
+    return Setup(
+        model=c.model,
+        hardware=c.hardware,
+        rollout=c.rollout,
+        dataset=c.dataset,
+        trainer=c.trainer,
+        layout=build_layout_of(c),
+        kl_reference=c.algo.kl_coef > 0,
+    )
+
+
+def build_spec(config: Config) -> RunSpec:
+    """The checked spec of a run: refuses (`ConfigError`, one sentence) a model that does not fit,
+    a TP degree the heads do not allow, a placement the hosts cannot hold; resolves
+    `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the plan's sizes."""
+    setup = plan_setup(config)
+    resolved = check_fit(setup)
+    layout, c = setup.layout, config
+    trainer = dataclasses.replace(
+        c.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+    )
+    rollout = dataclasses.replace(c.rollout, capacity=resolved.capacity)
+    halves = HalvesSpec(
+        model=c.model,
+        algo=c.algo,
+        trainer=trainer,
+        rollout=rollout,
+        dataset=c.dataset,
+        settings=build_settings(c, local_devices=layout.devices_per_process),
+        sampler_dtype=sampler_dtype(c),
+    )
+    return RunSpec(
+        layout=layout,
+        loop=build_loop_plan(c, staleness=layout.staleness),
+        halves=halves,
+        survival=SurvivalSpec(
+            resume=c.resume,
+            checkpoint_every_steps=c.checkpoint_every_steps,
+            steps=c.steps,
+            seed=c.seed,
+            export_at=frozenset(c.eval_at_updates),
+            config_digest=config_digest(config_as_dict(c)),
+            preemption_sync=not layout.cpu and layout.kind is not PlacementKind.da,
+        ),
+        logger=c.logger,
+        profile_steps=frozenset(c.profile_steps),
+    )
+
+
+def sampler_dtype(config: Config) -> DType:
+    """The rollout engines' weights: `rollout.param_dtype`, else the model's (Table I3)."""
+    return config.rollout.param_dtype or config.model.param_dtype
+
+
+def build_loop_plan(config: Config, *, staleness: int) -> LoopPlan:
+    c = config
+    return LoopPlan(
+        steps=c.steps,
+        staleness=staleness,
+        eval_every_steps=c.eval_every_steps,
+        eval_at_updates=tuple(c.eval_at_updates),
+        eval_limit=c.dataset.eval_size,
+        metrics_off_barrier=c.opt.metrics_off_barrier,
+        freeze_gc=c.opt.freeze_gc,
+        eval_target=c.eval_target,
+        chips=c.hardware.chips,
+        chip_hour_price_usd=c.hardware.chip_hour_price_usd,
+    )
+
+
+def build_settings(config: Config, *, local_devices: int) -> StepSettings:
+    """One step's settings on a process with `local_devices` devices."""
+    r, d = config.rollout, config.dataset
+    chunk = config.trainer.logit_chunk_tokens
+    return StepSettings(
+        group_size=d.samples_per_prompt,
+        max_new_tokens=d.max_new_tokens,
+        row_tokens=trainer_row_tokens(d, config.trainer),
+        loss_slot_multiple=math.lcm(
+            min(chunk, d.samples_per_prompt * d.max_new_tokens), local_devices
+        ),
+        sampling=SamplingParams(
+            temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ignore_eos=r.ignore_eos
+        ),
+        eval_sampling=SamplingParams(temperature=r.eval_temperature, top_k=r.top_k, top_p=r.top_p),
+        advantage=config.algo.advantage,
+        advantage_eps=config.algo.advantage_eps,
+        opt=config.opt,
+        seed=config.seed,
+    )
+
+
+def config_as_dict(config: Config) -> dict[str, Any]:
+    """The resolved config as plain JSON-able values (enums by value)."""
+
+    def plain(value):
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return getattr(value, "value", value)
+
+    return plain(config)
