@@ -16,8 +16,8 @@ import pytest
 from locoexp.algo.grpo import per_token_loss
 from locoexp.compose import compose_config
 from locoexp.dataset.build import build_task
-from locoexp.errors import ConfigError
 from locoexp.dataset.schedule import build_schedule
+from locoexp.errors import ConfigError
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
 

@@ -11,7 +11,6 @@ import pytest
 
 from locoexp import compose
 from locoexp.errors import ConfigError
-from locoexp.session.build import plan_setup
 from locoexp.planner import check_fit
 from locoexp.planner.paper import (
     WORKAROUNDS,
@@ -20,6 +19,7 @@ from locoexp.planner.paper import (
     paper_cells,
     scale_cells,
 )
+from locoexp.session.build import plan_setup
 
 
 def cell_configs(compose_configs, cells, refused_by_config=None):

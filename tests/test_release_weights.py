@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from locoexp.compose import compose_config
-from locoexp.errors import ConfigError
 from locoexp.dataset.schedule import build_schedule
-from locoexp.placement.build import build_checked_task, build_in_process
-from locoexp.session.build import build_spec
+from locoexp.errors import ConfigError
 from locoexp.metrics.timing import StepTimer
+from locoexp.placement.build import build_checked_task, build_in_process
 from locoexp.placement.halves import Published
 from locoexp.placement.multihost import HostGroup
+from locoexp.session.build import build_spec
 
 TINY_STEP = [
     "logger=none",

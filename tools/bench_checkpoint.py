@@ -30,9 +30,9 @@ from bench_w1 import W1, Records, build_w1_runner  # tools/ is on sys.path when 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.compose import compose_config
-from locoexp.session.build import build_spec
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.loop import StepLoop
+from locoexp.session.build import build_spec
 
 
 class AlternateSaves:

@@ -57,9 +57,9 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 )
 
 from locoexp.compose import compose_config
-from locoexp.session.build import build_spec
 from locoexp.model.checkpoint import load_model
 from locoexp.planner.plan import trainer_row_tokens
+from locoexp.session.build import build_spec
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer
 

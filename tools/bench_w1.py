@@ -54,17 +54,17 @@ from locoexp.compose import compose_config
 from locoexp.config import Config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example
-from locoexp.placement.build import build_in_process
-from locoexp.session.build import build_spec
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import causal_segment_mask, init_cache
+from locoexp.placement.build import build_in_process
 from locoexp.placement.halves import Published
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.loop import StepLoop
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.settings import LoopPlan
 from locoexp.rollout.sampling import sample_tokens
+from locoexp.session.build import build_spec
 
 W1 = ["+experiment=bench_w1"]  # experiments/experiment/bench_w1.yaml
 PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
@@ -236,8 +236,8 @@ class RandomPromptTask:
 
 
 def build_w1_runner(config: Config) -> "CpuMarked":
-    """`locoexp.placement.build.build_in_process` (engine, trainer, step settings) with W1's random-prompt
-    task, marked with CPU seconds and process age at each step's start."""
+    """`locoexp.placement.build.build_in_process` (engine, trainer, step settings) with W1's
+    random-prompt task, marked with CPU seconds and process age at each step's start."""
     d = config.dataset
     task = RandomPromptTask(
         vocab_size=config.model.vocab_size,

@@ -13,10 +13,10 @@ import argparse
 
 from locoexp.compose import compose_configs
 from locoexp.errors import ConfigError
-from locoexp.session.build import plan_setup
 from locoexp.planner import check_fit, resolve_plan
 from locoexp.planner.estimate import GIB
 from locoexp.planner.paper import WORKAROUNDS, cell_setups, paper_cells
+from locoexp.session.build import plan_setup
 
 
 def table_row(label: str, setup) -> str:
