@@ -1,0 +1,84 @@
+"""`RunSpec` (`locoexp.session`): built once from the config, frozen, jax-free, one layout for
+every placement; every transport offers the whole `Transport` Protocol."""
+
+import dataclasses
+import inspect
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from locoexp.compose import compose_config
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.transport import Transport
+from locoexp.session.build import build_spec
+
+
+def test_the_spec_module_imports_no_jax():
+    code = "import sys, locoexp.session.spec; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_spec_is_frozen_picklable_and_carries_the_plans_sizes():
+    spec = build_spec(compose_config([]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.loop = None  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    # the plan resolves what 0 leaves open (rollout.capacity, trainer.micro_batch_rows)
+    assert spec.halves.rollout.capacity > 0 and spec.halves.trainer.micro_batch_rows > 0
+    assert spec.loop.steps == spec.survival.steps
+
+
+DA_BATCH = ["dataset.prompts_per_step=3"]  # a whole group per rollout host
+
+
+@pytest.mark.parametrize(
+    ("overrides", "processes", "trainers", "rollouts", "staleness"),
+    [
+        (["placement=co", "hardware.hosts=2"], 2, 2, 2, 0),
+        (["placement=single_controller", "hardware.hosts=2"], 1, 2, 2, 0),
+        (
+            ["placement=da", "hardware.hosts=4", "split=0.25", "dataset.prompts_per_step=3"],
+            0,
+            1,
+            3,
+            1,
+        ),
+    ],
+)
+def test_one_layout_says_who_runs_where_for_every_placement(
+    overrides, processes, trainers, rollouts, staleness
+):
+    spec = build_spec(compose_config(overrides))
+    layout = spec.layout
+    assert (layout.processes, layout.trainer_hosts, layout.rollout_hosts) == (
+        processes,
+        trainers,
+        rollouts,
+    )
+    assert spec.loop.staleness == layout.staleness == staleness
+    assert layout.bind_address == "127.0.0.1"  # a local run listens on loopback only
+    if layout.kind is PlacementKind.da:
+        assert layout.object_store_bytes and layout.local_processes == 5  # 4 hosts + driver
+
+
+def _members(cls) -> set[str]:
+    return {n for n, _ in inspect.getmembers(cls) if not n.startswith("_")}
+
+
+@pytest.mark.parametrize("module", ["inprocess", "ray_transport"])
+def test_every_transport_offers_the_whole_protocol(module):
+    import importlib  # noqa: PLC0415
+
+    cls = {"inprocess": "InProcess", "ray_transport": "RayActors"}[module]
+    transport = getattr(importlib.import_module(f"locoexp.placement.{module}"), cls)
+    wanted = _members(Transport) - _members(object)
+    assert {"restore", "checkpoint", "export", "group"} <= wanted
+    fields = {f.name for f in dataclasses.fields(transport)}
+    assert wanted <= _members(transport) | fields
+    for name in wanted - fields - {"group"}:
+        want = inspect.signature(getattr(Transport, name)).parameters
+        have = inspect.signature(getattr(transport, name)).parameters
+        assert list(have) == list(want), f"{cls}.{name}"
