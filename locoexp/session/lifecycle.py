@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from locoexp.checkpoint.export import policy_directory
@@ -196,9 +197,7 @@ class SessionHooks:
 
 def completed_summary(run_dir: Path, *, steps: int) -> dict[str, Any]:
     """A run started again after it finished: nothing is trained; its summary is returned."""
-    import jax  # noqa: PLC0415  (only the leader says so; every host of a group runs this)
-
-    if jax.process_index() == 0:
+    if jax.process_index() == 0:  # every host of a group runs this; the leader says so
         print(
             f"{run_dir} already holds all {steps} steps of this run (its final checkpoint); "
             "nothing to train: raise steps= to continue it, or use a new hydra.run.dir.",
