@@ -32,7 +32,6 @@ from locoexp.checkpoint.session import RunSurvival
 from locoexp.checkpoint.state import config_digest, latest_saved_step
 from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped, StopSignals, stop_agreed
 from locoexp.config import Config
-from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
@@ -44,6 +43,7 @@ from locoexp.metrics.run_output import RunFiles, RunOutput
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import DType, ModelConfig
+from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.halves import Published, RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
@@ -187,6 +187,9 @@ def run_host(config: Config, files: RunFiles) -> dict[str, Any]:
             run_dir = Path(files.run_dir)
             transport.rollout.admission_log = AdmissionLog(
                 run_dir / "admission" / f"host{hosts.index}.jsonl"
+            )
+            transport.rollout.rendezvous = AdmissionRendezvous.from_environment(
+                host=hosts.index, hosts=hosts.count
             )
             published = Published(0)
             if survival.restored is not None:
@@ -413,12 +416,16 @@ def build_loop_plan(config: Config) -> LoopPlan:
         eval_target=config.eval_target,
         chips=config.hardware.chips,
         chip_hour_price_usd=config.hardware.chip_hour_price_usd,
+        batches_per_pass=config.dataset.batches_per_pass,
+        passes=config.dataset.passes,
     )
 
 
 def build_checked_task(config: Config):
     """The run's task, refused when the model's vocabulary does not cover its tokenizer."""
-    task = build_task(config.dataset, tokenizer_dir=config.model.checkpoint)
+    task = build_task(
+        config.dataset, tokenizer_dir=config.model.checkpoint, vocab_size=config.model.vocab_size
+    )
     require(
         task.tokenizer.vocab_size <= config.model.vocab_size,
         f"model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
@@ -495,7 +502,7 @@ def build_actor_rollout_half(
     )
     one_call = half["settings"].opt.publish_in_one_call
     load = functools.partial(load_from_object_store, template=template, one_call=one_call)
-    task = build_task(dataset, tokenizer_dir=model.checkpoint)
+    task = build_task(dataset, tokenizer_dir=model.checkpoint, vocab_size=model.vocab_size)
     return build_rollout_half(policy, task, rollout, dataset, load=load, **half)
 
 

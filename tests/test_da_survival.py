@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from cli_runs import assert_loopback_only, assert_same_steps, sockets_of
+from step_loop_reference import REFERENCE, overrides_of
 
 from locoexp.compose import compose_config
 from locoexp.errors import RunFailed
@@ -37,12 +38,10 @@ from locoexp.placement.ray_transport import RayActors
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = json.loads((Path(__file__).parent / "fixtures/step_loop_reference.json").read_text())
 UNINTERRUPTED = REFERENCE["runs"]["da_2hosts"]
 STEPS = len(UNINTERRUPTED["steps"]["train/loss"])
 RUN = [  # test_step_loop's da run (placement=da split=0.5 hardware.hosts=2), with checkpoints
-    *(o for o in REFERENCE["common_overrides"] if not o.startswith("steps=")),
-    *UNINTERRUPTED["overrides"],
+    *(o for o in overrides_of("da_2hosts") if not o.startswith("steps=")),
     "checkpoint_every_steps=2",
 ]
 DEADLINE_S = 240  # one run on a loaded 2-core machine; a run past it fails the test at once

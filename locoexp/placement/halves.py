@@ -19,11 +19,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement import phases
+from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
 from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.phases import StepSettings
 from locoexp.rollout.engine import JaxEngine
@@ -95,6 +95,7 @@ class RolloutHalf:
     load: Callable[[JaxEngine, Published], None] | None = None
     version: int = 0  # the initial weights are the trainer's (same seed)
     admission_log: AdmissionLog | None = None  # this host's per-step admission records
+    rendezvous: AdmissionRendezvous | None = None  # a test seam (placement/admission.py)
 
     def run(self, step: int, published: Published) -> RolloutBatch:
         """Batch `step`'s share of this host, sampled with `published`: load (where weights
@@ -117,6 +118,7 @@ class RolloutHalf:
                 balance=s.opt.balance_prompts,
                 queue=queue,
                 pretokenized=s.opt.pretokenize_prompts,
+                rendezvous=self.rendezvous,
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):
