@@ -15,6 +15,7 @@ from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind, HardwareConfig
+from locoexp.hardware.hosts import minimal_hosts, show_splits, trainer_hosts
 from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
@@ -95,7 +96,9 @@ class Config:
         check_attention_backend(self.trainer.attention, self.hardware.platform)
         check_remat_backend(self.trainer.remat, self.hardware.platform)
         if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
-            self.hardware.hosts = minimal_hosts(self.placement.kind, self.split)
+            self.hardware.hosts = minimal_hosts(
+                disaggregated=self.placement.kind is PlacementKind.da, split=self.split
+            )
         self._check_placement()
         self._check_placement_keys()
 
@@ -217,34 +220,3 @@ def config_keys(path: str) -> list[str]:
         if not dataclasses.is_dataclass(node):
             return []
     return sorted(f.name for f in dataclasses.fields(node))
-
-
-def valid_splits(hosts: int) -> list[float]:
-    """Trainer shares of `hosts` that leave whole, non-zero host counts on both sides."""
-    return [t / hosts for t in range(1, hosts)]
-
-
-def show_splits(hosts: int) -> str:
-    """The valid splits as a user types them (rounded to 3 decimals: 0.333, not 0.3333...)."""
-    shown = ", ".join(f"{v:.3f}".rstrip("0") for v in valid_splits(hosts))
-    return shown or "none (placement=da needs at least 2 hosts)"
-
-
-def trainer_hosts(split: float, hosts: int) -> int | None:
-    """Trainer hosts of `split` (as printed, to 3 decimals) on `hosts` hosts; None if invalid."""
-    count = round(split * hosts)
-    return count if 1 <= count < hosts and abs(count / hosts - split) <= 5e-4 + 1e-12 else None
-
-
-def minimal_hosts(kind: PlacementKind, split: float | None) -> int:
-    """The smallest host count `placement` and `split` need (hardware.hosts=null, CPU only):
-    1 without a split, else the first H >= 2 that `split` divides into whole host counts."""
-    if kind is not PlacementKind.da or split is None:
-        return 2 if kind is PlacementKind.da else 1
-    found = next((h for h in range(2, 1025) if trainer_hosts(split, h) is not None), None)
-    require(
-        found is not None,
-        f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share such "
-        "as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts).",
-    )
-    return found

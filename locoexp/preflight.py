@@ -52,10 +52,14 @@ def check_run(config: Config) -> None:
     if config.logger.kind is LoggerKind.wandb:
         checked_mode(config.logger)
     check_checkpoint(config.model)
-    rows = config.dataset.synthetic.train_size
-    if config.dataset.kind is not DatasetKind.synthetic:
-        rows = check_data(config.dataset)
-        check_vocabulary(config)
+    match config.dataset.kind:
+        case DatasetKind.synthetic:
+            rows = config.dataset.synthetic.train_size
+        case DatasetKind.random_tokens:
+            rows = config.dataset.random_tokens.train_size
+        case _:
+            rows = check_data(config.dataset)
+            check_vocabulary(config)
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
     build_schedule(config.dataset, steps=config.steps, num_examples=rows)

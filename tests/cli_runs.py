@@ -26,7 +26,7 @@ RESUMABLE = [
     "logger=none",
     "dataset.prompts_per_step=8",
     "dataset.samples_per_prompt=4",
-    "dataset.synthetic.eval_size=16",
+    "dataset.synthetic.held_out_size=16",
 ]
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from dataset_options import dataset_option, shared_data
 
-from locoexp.dataset.admission import admit_requests
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
+from locoexp.placement.admission import admit_requests
 from locoexp.rollout.requests import RequestQueue
 
 
@@ -103,7 +103,7 @@ def test_synthetic_requests_are_tokenized_from_text():
 
 
 def test_admission_log_round_trip(tmp_path, gsm8k):
-    from locoexp.dataset.admission import AdmissionLog, read_admission_logs
+    from locoexp.placement.admission import AdmissionLog, read_admission_logs
 
     log = AdmissionLog(tmp_path / "admission" / "host1.jsonl")
     for step in range(2):
@@ -114,3 +114,21 @@ def test_admission_log_round_trip(tmp_path, gsm8k):
     logs = read_admission_logs(tmp_path)
     assert list(logs) == ["host1"] and [r["step"] for r in logs["host1"]] == [0, 1]
     assert logs["host1"][1]["requests"] == 4 and logs["host1"][1]["pid"] == os.getpid()
+
+
+def test_the_rendezvous_meets_after_the_first_request_and_refuses_a_host_left_alone(tmp_path):
+    from locoexp.placement.admission import AdmissionRendezvous
+
+    task = build_task(DatasetConfig())
+    examples = list(task.train[:2])
+    (tmp_path / "started-1-0").touch()  # the other host has started its first admission
+    host0 = AdmissionRendezvous(folder=tmp_path, host=0, hosts=2, deadline_s=0.05)
+    queue = RequestQueue()
+    admit_requests(task, examples, group_size=2, queue=queue, pretokenized=False, rendezvous=host0)
+    assert (tmp_path / "started-0-0").exists() and len(queue) == 4
+    queue.drain()
+    # Its second admission: host 1 never starts one (serial admission), so host 0 fails the run.
+    with pytest.raises(RuntimeError, match="admission is not parallel"):
+        admit_requests(
+            task, examples, group_size=2, queue=queue, pretokenized=False, rendezvous=host0
+        )

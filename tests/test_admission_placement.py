@@ -6,13 +6,11 @@ trace costs seconds per host, so only the `co` run profiles). Real GSM8K rows, t
 tokenizer, a tiny Qwen3-vocabulary model; 2 local hosts."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from dataset_options import shared_data
 
-from locoexp.dataset.admission import read_admission_logs
+from locoexp.placement.admission import RENDEZVOUS_ENV, read_admission_logs
 
 pytestmark = pytest.mark.slow
 PROMPTS, GROUP, STEPS = 64, 8, 3
@@ -65,17 +63,15 @@ def test_single_controller_admits_every_request_serially_in_one_process(compose,
 def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(
     compose, tmp_path, monkeypatch
 ):
-    # Each host process meets the other at the start of every admission (a test instrument its
-    # interpreter loads at start-up: tests/admission_rendezvous/sitecustomize.py), so that the
-    # check below does not depend on how the machine schedules two ~10 ms admissions: parallel
-    # hosts meet at once; a host that waited for the other's admission to end would never meet
-    # it and fail the run at the instrument's deadline.
+    # Each host process meets the other at the start of every admission (the admission's test
+    # seam, `AdmissionRendezvous`, which every admitting host honours when
+    # LOCOEXP_ADMISSION_RENDEZVOUS names a folder), so that the check below does not depend on
+    # how the machine schedules two ~10 ms admissions: parallel hosts meet at once; a host that
+    # waited for the other's admission to end would never meet it and fail the run at the
+    # rendezvous' deadline.
     meetings = tmp_path / "rendezvous"
     meetings.mkdir()
-    instrument = Path(__file__).parent / "admission_rendezvous"
-    path = os.pathsep.join(p for p in (str(instrument), os.environ.get("PYTHONPATH")) if p)
-    monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("LOCOEXP_ADMISSION_RENDEZVOUS", str(meetings))
+    monkeypatch.setenv(RENDEZVOUS_ENV, str(meetings))
     records = run_gsm8k(compose, "co", tmp_path / "run", profile=True)
     expected = {f"started-{h}-{n}" for h in range(2) for n in range(STEPS)}
     assert {p.name for p in meetings.iterdir()} == expected  # every admission met its peer

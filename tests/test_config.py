@@ -131,3 +131,52 @@ def test_profile_steps_outside_the_run_or_under_da_are_refused():
         compose_config(["steps=3", "profile_steps=[3]"])
     with pytest.raises(ConfigError, match="not supported under placement=da"):
         compose_config(["placement=da", "split=0.5", "hardware.hosts=2", "profile_steps=[0]"])
+
+
+# A value each dataset source key could take (every one differs from its default).
+SOURCE_VALUES = {
+    "path": "json",
+    "name": "main",
+    "revision": "abc",
+    "data_files": "rows.jsonl",
+    "eval_data_files": "test.jsonl",
+    "train_split": "all",
+    "eval_split": "null",
+    "max_train_rows": "10",
+    "thinking": "true",
+    "long_prompts": "drop",
+    "prompt_template": "'Q: {problem}'",
+    "reward_workers": "2",
+}
+
+
+@pytest.mark.parametrize("key", SOURCE_VALUES)
+def test_a_source_key_under_the_synthetic_task_is_refused_naming_key_value_and_valid(key):
+    with pytest.raises(ConfigError) as refused:
+        compose_config([f"dataset.{key}={SOURCE_VALUES[key]}"])
+    message = str(refused.value)
+    assert message.startswith(f"dataset.{key}=") and "dataset=synthetic" in message
+    assert "leave it at" in message and "gsm8k" in message and len(message.splitlines()) == 1
+
+
+def test_task_keys_of_another_kind_are_refused_and_each_kind_keeps_its_own():
+    with pytest.raises(ConfigError, match=r"dataset.synthetic.num_digits=4 is not read by "):
+        compose_config(["dataset=gsm8k", "dataset.synthetic.num_digits=4"])
+    with pytest.raises(
+        ConfigError, match=r"dataset.random_tokens.train_size=9 .* dataset=random_tokens"
+    ):
+        compose_config(["dataset.random_tokens.train_size=9"])
+    with pytest.raises(
+        ConfigError, match="dataset.prompt_template='Q: {problem}' is not read by dataset=swe_agent"
+    ):
+        compose_config(["dataset=swe_agent", "dataset.prompt_template='Q: {problem}'"])
+    assert compose_config(["dataset=gsm8k", "dataset.thinking=true"]).dataset.thinking
+    assert compose_config(["dataset.synthetic.num_digits=4"]).dataset.synthetic.num_digits == 4
+    assert compose_config(["dataset=swe_agent", "dataset.reward_workers=2"]).dataset.reward_workers
+
+
+def test_eval_size_has_one_meaning_the_synthetic_held_out_split_its_own_name():
+    config = compose_config(["dataset.eval_size=5", "dataset.synthetic.held_out_size=50"])
+    assert (config.dataset.eval_size, config.dataset.synthetic.held_out_size) == (5, 50)
+    with pytest.raises(Exception, match="dataset.synthetic.eval_size"):
+        compose_config(["dataset.synthetic.eval_size=50"])

@@ -68,16 +68,15 @@ def test_decode_ms_per_iteration_excludes_prefill():
         hosts=1,
         timer=timer,
     )
-    for step in range(2):  # step 0 compiles
+    shares = []
+    for step in range(4):  # step 0 compiles
         with timer.step():
             metrics = half.run(step, Published(0)).report.metrics
-    iterations = metrics["rollout/decode_iterations"]
-    generation_ms = 1e3 * timer.metrics()["timing/generation_s"]
-    per_iteration_ms = metrics["rollout/decode_ms_per_iteration"]
+        iterations = metrics["rollout/decode_iterations"]
+        decode_ms = metrics["rollout/decode_ms_per_iteration"] * iterations
+        shares.append(decode_ms / (1e3 * timer.metrics()["timing/generation_s"]))
     assert iterations == NEW_TOKENS - 1  # the first new token comes from prefill
     # Generation is a 1,024-token prefill plus two one-token decode iterations: the decode
-    # iterations are a small part of it. Counting prefill would put the whole phase in.
-    assert 0 < per_iteration_ms * iterations < 0.5 * generation_ms, (
-        per_iteration_ms,
-        generation_ms,
-    )
+    # iterations are a small part of it. Counting prefill would put the whole phase in. The
+    # least share of three steps: a step the loaded machine paused in decode is not the figure.
+    assert 0 < min(shares[1:]) < 0.5, shares

@@ -24,7 +24,7 @@ from locoexp.metrics.run_records import read_metrics_jsonl
 pytestmark = pytest.mark.slow
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
-TINY = ["logger=none", "eval_every_steps=0", "dataset.synthetic.eval_size=8", "placement=da"]
+TINY = ["logger=none", "eval_every_steps=0", "dataset.synthetic.held_out_size=8", "placement=da"]
 # The 2-host split=0.5 layout runs in test_step_loop (its records against the pre-refactor
 # run) and test_da_survival (stopped, killed, resumed; its sockets); here the layout with 3
 # rollout hosts of uneven shares.

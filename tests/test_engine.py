@@ -8,6 +8,7 @@ each row's first EOS, so the expected padding, lengths and flags follow exactly.
 
 import dataclasses
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -455,19 +456,20 @@ def test_chunked_prefill_equals_one_shot_prefill(model, chunk):
 
 
 def test_decode_time_per_iteration_excludes_prefill(model):
-    """A long prompt and 3 decode iterations: were prefill counted, the per-iteration figure
-    would be at least a third of the prefill time."""
+    """A long prompt and 3 decode iterations. The prefill and decode clocks are disjoint
+    intervals of one `generate` call, so together they fit in its wall time: were prefill
+    counted in the decode clock, the two would hold it twice and exceed the call (a long
+    prefill). Whatever the machine's load does to each, this holds."""
     engine = make_engine(model, prefill_chunk_tokens=256)
     prompts = random_prompts((1024,) * 4, seed=8)
     forced = SamplingParams(temperature=1.0, ignore_eos=True)
-    for _ in range(2):  # the first call compiles, outside both clocks
-        rollout = engine.generate(prompts, key=jax.random.key(0), max_new_tokens=4, sampling=forced)
+    engine.generate(prompts, key=jax.random.key(0), max_new_tokens=4, sampling=forced)  # compiles
+    start = time.perf_counter()
+    rollout = engine.generate(prompts, key=jax.random.key(0), max_new_tokens=4, sampling=forced)
+    wall_s = time.perf_counter() - start
     assert rollout.decode_iterations == 3 and rollout.prefill_s > 0 and rollout.decode_s > 0
     assert rollout.decode_s_per_iteration == rollout.decode_s / 3
-    assert rollout.decode_s_per_iteration < rollout.prefill_s / 3, (
-        rollout.prefill_s,
-        rollout.decode_s,
-    )
+    assert rollout.prefill_s + rollout.decode_s <= wall_s, (rollout, wall_s)
 
 
 def bf16_copy(model: Transformer) -> Transformer:

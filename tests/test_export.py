@@ -10,10 +10,10 @@ from jax.sharding import Mesh
 
 from locoexp.algo.config import AlgoConfig
 from locoexp.checkpoint.export import export_policy, policy_directory
-from locoexp.dataset.synthetic import DigitTokenizer
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model, causal_segment_mask
+from locoexp.tokenizer.digits import DigitTokenizer
 from locoexp.tokenizer.hf import HFTokenizer
 from locoexp.tokenizer.qwen3 import Qwen3Tokenizer
 from locoexp.trainer.config import TrainerConfig
@@ -70,6 +70,19 @@ def test_the_exported_tokenizer_encodes_like_the_runs(exported):
     for text in ("123=", "9 0 7 =", "0000"):
         assert hf.encode(text, add_special_tokens=False) == ours.encode(text)
     assert hf.decode(ours.encode("42=")) == "42="
+    assert (hf.eos_token_id, hf.pad_token_id) == (ours.eos_id, ours.pad_id)
+
+
+def test_w1s_id_tokenizer_is_written_as_ids_a_hugging_face_tokenizer_reads_back(tmp_path):
+    from locoexp.tokenizer.files import write_tokenizer_files
+    from locoexp.tokenizer.ids import IdTokenizer
+
+    ours = IdTokenizer(vocab_size=1000)
+    write_tokenizer_files(ours, tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("17 4 999", "0 1 2"):
+        assert hf.encode(text, add_special_tokens=False) == ours.encode(text)
+    assert hf.decode(ours.encode("5 17 300")) == "5 17 300"
     assert (hf.eos_token_id, hf.pad_token_id) == (ours.eos_id, ours.pad_id)
 
 

@@ -3,10 +3,11 @@ da splits print as a user types them."""
 
 import pytest
 
-from locoexp.config import Config, show_splits
+from locoexp.config import Config
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import HardwareConfig
+from locoexp.hardware.hosts import show_splits
 from locoexp.placement.config import PlacementConfig, PlacementKind
 
 DA = PlacementConfig(kind=PlacementKind.da)

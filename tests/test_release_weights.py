@@ -21,7 +21,7 @@ TINY_STEP = [
     "steps=2",
     "dataset.prompts_per_step=2",
     "dataset.samples_per_prompt=2",
-    "dataset.synthetic.eval_size=2",
+    "dataset.synthetic.held_out_size=2",
 ]
 
 

@@ -3,18 +3,15 @@ of `co` (2 hosts), `single_controller` (2 hosts) and `da` (split 0.5 of 2 hosts)
 per-step values recorded before the refactor (`fixtures/step_loop_reference.json`, recorded at
 commit cdec27f with the same overrides)."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from step_loop_reference import REFERENCE, overrides_of
 
 from locoexp.compose import compose_config
 from locoexp.main import run
 from locoexp.metrics.run_records import read_metrics_jsonl
 
 pytestmark = pytest.mark.slow
-REFERENCE = json.loads((Path(__file__).parent / "fixtures/step_loop_reference.json").read_text())
 # what the one loop adds to the old records: every placement records its weight version and
 # staleness (0 under co), and the da driver times its log phase and host share like co's hosts;
 # every placement counts its sequences (the weights of per-sequence means over uneven da shares)
@@ -38,7 +35,7 @@ MEASURED = {"admission/requests", "timing/head_interval_s", "timing/host_orchest
 def reproduced(request, tmp_path_factory):
     name = request.param
     reference = REFERENCE["runs"][name]
-    config = compose_config([*REFERENCE["common_overrides"], *reference["overrides"]])
+    config = compose_config(overrides_of(name))
     run_dir = tmp_path_factory.mktemp(name)
     summary = run(config, run_dir=run_dir, progress=False)
     records = read_metrics_jsonl(run_dir / "metrics.jsonl")

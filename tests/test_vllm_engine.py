@@ -59,7 +59,7 @@ def run():
     task = build_task(
         DatasetConfig(
             kind=DatasetKind.synthetic,
-            synthetic=SyntheticTaskConfig(num_digits=3, train_size=512, eval_size=8),
+            synthetic=SyntheticTaskConfig(num_digits=3, train_size=512, held_out_size=8),
         )
     )
     rollout = RolloutConfig(engine=EngineKind.vllm, kv_cache_gib=0.25, enforce_eager=True)

@@ -1,7 +1,7 @@
 """Admission as the paper measures it (Section 4.3, Figure 7a, App. C Eq. 3), on this CPU.
 
 Real GSM8K rows, the real Qwen3 tokenizer, Table 1's 128 prompts x 16 samples per step. Each arm
-admits the same steps' requests with `locoexp.dataset.admission.admit_requests` (chat template,
+admits the same steps' requests with `locoexp.placement.admission.admit_requests` (chat template,
 tokenization, prompt cap and submission to a request queue, one request at a time):
 - the single controller: one process admits all P x G requests;
 - `co` at H hosts: H processes start together (a barrier) and each admits its own P x G / H
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from locoexp.dataset.admission import admit_requests
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.schedule import PromptSchedule
+from locoexp.placement.admission import admit_requests
 from locoexp.placement.phases import split_across_hosts
 from locoexp.rollout.requests import RequestQueue
 

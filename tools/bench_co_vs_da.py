@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 from bench_placements import launch  # this folder (a script's folder is on its path)
 
-from locoexp.config import valid_splits
+from locoexp.analysis.accounting import eq4_terms_from_steps, eq4_verdict
+from locoexp.hardware.hosts import valid_splits
 
 # experiments/experiment/bench_co_vs_da_<name>.yaml: decode-heavy (short prompts, 48 forced
 # output tokens: rollout is most of the step) and prefill-heavy (GSM8K prompts, 4 output tokens:
@@ -32,31 +33,30 @@ from locoexp.config import valid_splits
 WORKLOADS = ("decode", "prefill")
 
 
-def median(records: list[dict], *keys: str) -> float:
-    return float(np.median([sum(r.get(f"timing/{k}_s", 0.0) for k in keys) for r in records]))
-
-
 def eq4_terms(co: list[dict], da: list[dict]) -> dict[str, float]:
-    rollout = ("admission", "generation", "reward")
-    terms = {
-        "lambda_co": median(co, "step"),
-        "DR(H)": median(co, *rollout),
-        "DT(H)": median(co, "pack", "train"),
-        "dpub_co": median(co, "publish"),
-        "lambda_DA": median(da, "step"),
-        "DR(Hr)": median(da, *rollout),
-        "dL": median(da, "load"),
-        "DT(Ht)": median(da, "transfer", "pack", "train"),
-        "dpub": median(da, "publish"),
-        "overlap_share": float(np.median([r["timing/overlap_share"] for r in da])),
-        "A": 0.0,
+    """The terms of `locoexp.analysis.accounting` (one definition) with the measured periods."""
+    t = eq4_terms_from_steps(co, da)
+    step_s = {
+        name: float(np.median([r["timing/step_s"] for r in x]))
+        for name, x in (("co", co), ("da", da))
     }
-    branches = max(terms["DR(Hr)"] + terms["dL"], terms["DT(Ht)"] + terms["dpub"])
-    terms["tau"] = terms["lambda_DA"] - branches
-    terms["F"] = terms["DR(Hr)"] - terms["DR(H)"]
-    terms["O"] = terms["DT(H)"] + terms["dpub_co"]
-    terms["da_over_co"] = terms["lambda_DA"] / terms["lambda_co"]
-    return terms
+    return {
+        "lambda_co": step_s["co"],
+        "DR(H)": t.dr_h,
+        "DT(H)": t.dt_h,
+        "dpub_co": t.dpub_co,
+        "lambda_DA": step_s["da"],
+        "DR(Hr)": t.dr_hr,
+        "dL": t.dl,
+        "DT(Ht)": t.dt_ht,
+        "dpub": t.dpub,
+        "overlap_share": float(np.median([r["timing/overlap_share"] for r in da])),
+        "A": t.a,
+        "tau": t.tau,
+        "F": t.fragmentation,
+        "O": t.hidden_training,
+        "da_over_co": step_s["da"] / step_s["co"],
+    }
 
 
 def bench(workload: str, hosts: int, steps: int) -> dict:
@@ -86,10 +86,10 @@ def show(result: dict) -> None:
             f"dpub {t['dpub']:.3f}  overlap share {t['overlap_share']:.2f}",
             flush=True,
         )
-        wins = t["O"] + t["A"] > t["F"] + t["dL"] + t["tau"]
+        wins = eq4_verdict(o=t["O"], a=t["A"], f=t["F"], dl=t["dL"], tau=t["tau"])["favours"]
         print(
             f"  derived:  F {t['F']:.3f}  O {t['O']:.3f}  A {t['A']:.3f} (0 by construction)  "
-            f"tau {t['tau']:.3f} (residual)  ->  O + A > F + dL + tau: {wins}",
+            f"tau {t['tau']:.3f} (residual)  ->  O + A > F + dL + tau favours {wins}",
             flush=True,
         )
 

@@ -23,6 +23,7 @@ from locoexp.analysis.compare import bootstrap_ratio, equal_work, verdict
 from locoexp.compose import compose_config
 from locoexp.main import run
 from locoexp.metrics.run_records import read_metrics_jsonl
+from locoexp.metrics.steady import steady_records, steady_window
 
 WORKLOAD = ["+experiment=bench_placements"]  # experiments/experiment/bench_placements.yaml
 LEVERS = {
@@ -31,11 +32,11 @@ LEVERS = {
     "O3": "opt.balance_prompts",
     "O4": "opt.publish_in_one_call",
 }
-WARMUP_STEPS = 2
 
 
 def launch(overrides: list[str], steps: int, *, profile: bool = False) -> list[dict]:
-    """One launch of `python run.py <overrides> steps=<steps>`; its steady step records. With
+    """One launch of `python run.py <overrides> steps=<steps>`; its steady step records
+    (`locoexp.metrics.steady`, as the run's summary and the analysis pick them). With
     `profile`, one more step is run and profiled (its record carries `breakdown/*` and is left
     out of the step-time statistics: tracing slows the step it watches)."""
     extra = [f"steps={steps + 1}", f"profile_steps=[{steps}]"] if profile else [f"steps={steps}"]
@@ -43,7 +44,9 @@ def launch(overrides: list[str], steps: int, *, profile: bool = False) -> list[d
         config = compose_config([*overrides, *extra])
         run(config, run_dir=folder, progress=False)
         records = read_metrics_jsonl(Path(folder) / "metrics.jsonl")
-    return [r for r in records if "timing/step_s" in r and r["step"] >= WARMUP_STEPS]
+    d = config.dataset
+    window = steady_window(steps=config.steps, batches_per_pass=d.batches_per_pass, passes=d.passes)
+    return steady_records(records, window)
 
 
 def breakdown(records: list[dict]) -> dict[str, float]:

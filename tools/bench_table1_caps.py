@@ -57,6 +57,7 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 )
 
 from locoexp.compose import compose_config
+from locoexp.metrics.steady import steady_records, steady_window
 from locoexp.model.checkpoint import load_model
 from locoexp.planner.plan import trainer_row_tokens
 from locoexp.session.build import build_spec
@@ -196,7 +197,7 @@ def interleaved_ratio(overrides: list[str], record: dict, rounds: int, repeats: 
 
 def summarise(run: dict, floor: dict) -> dict:
     steps = run["records"]
-    timed = steps[1:] or steps  # step 0 compiles
+    timed = steady_records(steps, steady_window(steps=len(steps)))  # warm-up compiles
     median = {
         k: statistics.median(r[f"timing/{k}_s"] for r in timed)
         for k in ("step", "generation", "train")
@@ -205,7 +206,7 @@ def summarise(run: dict, floor: dict) -> dict:
         "per_step": [
             {k: r[f"timing/{k}_s"] for k in ("step", "generation", "train")} for r in steps
         ],
-        "median_after_step0": median,
+        "median_steady": median,
         "train_over_floor": median["train"] / floor["floor_s"],
         "train_over_square_floor": median["train"] / floor["square_floor_s"],
     }
@@ -235,7 +236,7 @@ def print_report(report: dict) -> None:
         f"  floor at the step's shapes {f['floor_s']:.1f} s; at the square-matmul rate "
         f"({f['square']['gflops']:.1f} GFLOP/s, {f['square']['shape']}) {f['square_floor_s']:.1f} s"
     )
-    train = s["median_after_step0"]["train"]
+    train = s["median_steady"]["train"]
     print(
         f"  the run: train {train:.1f} s / floor {f['floor_s']:.1f} s (measured after it) = "
         f"{s['train_over_floor']:.2f}x; peak RSS {report['peak_rss_gb']:.2f} GB "

@@ -4,7 +4,9 @@
 
 W1 (issue 2): the Qwen3 architecture at `model=tiny_qwen` (V 151,936, D 256, F 768, 4 layers,
 4 query / 2 KV heads, head_dim 64, tied embeddings, fp32, random init); 8 prompts x 8 samples of
-64 random prompt tokens, 64 forced new tokens (`ignore_eos`), AdamW lr 1e-6, no KL.
+64 random prompt tokens, 64 forced new tokens (`ignore_eos`), AdamW lr 1e-6, no KL. The workload
+is the package's: `+experiment=bench_w1` (`dataset=random_tokens`), built by the package's
+builders as a run builds it; this tool only measures it (the report: tools/w1_report.py).
 
 Every figure is measured here, on this machine, in this process:
 1. the matmul rate: fp32 matmuls (square, and shaped like the output head) under XLA and NumPy,
@@ -15,14 +17,17 @@ Every figure is measured here, on this machine, in this process:
    rate, XLA timed with and without writing the product (the decode head [64,256]x[256,151936]
    is bandwidth-bound, a square matmul is not);
 2. rollout: `JaxEngine.generate` on 64 sequences, median after compile, against its FLOPs;
-3. the real step loop (`locoexp.placement.loop` over the halves `locoexp.main` builds) by
-   phase, against the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) / matmul rate;
+3. the real step loop (`locoexp.placement.loop` over the halves `locoexp.placement.build` builds) by
+   phase, medians over the steady window (`locoexp.metrics.steady`, as summary.json and the
+   analysis), against the compute floor (rollout FLOPs + 3 x the trainer's forward FLOPs) /
+   matmul rate;
 4. time to first step (process start to the end of step 0, imports and compiles included) and
    peak RSS;
 5. optionally (default on) a profile of where rollout and train time goes against each floor.
 
-FLOPs count 2 per multiply-add of the matmuls a phase needs (attention QK^T and PV over the
-causal/cached length included; norms, RoPE, softmax and sampling excluded). The trainer runs the
+FLOPs count 2 per multiply-add of the matmuls a phase needs (`tools/step_matmuls.py`, the one
+count: attention QK^T and PV over the causal/cached length included; norms, RoPE, softmax and
+sampling excluded). The trainer runs the
 body over all R x L row tokens but the output head only on the K loss positions, and that is what
 its floor counts. The step engine's phases are timed in host clocks (`StepTimer`); every phase
 ends with a host read of its results, so the clocks include device time.
@@ -49,15 +54,15 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
     total_flops,
     train_parts,
 )
+from w1_report import print_report
 
 from locoexp.compose import compose_config
 from locoexp.config import Config
-from locoexp.dataset.schedule import PromptSchedule
-from locoexp.dataset.task import Example
+from locoexp.dataset.schedule import build_schedule
+from locoexp.metrics.steady import WARMUP_STEPS, steady_records, steady_window
 from locoexp.metrics.timing import StepTimer
-from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import causal_segment_mask, init_cache
-from locoexp.placement.build import build_in_process
+from locoexp.placement.build import build_checked_task, build_in_process
 from locoexp.placement.halves import Published
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.loop import StepLoop
@@ -68,12 +73,6 @@ from locoexp.session.build import build_spec
 
 W1 = ["+experiment=bench_w1"]  # experiments/experiment/bench_w1.yaml
 PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
-TARGETS = {
-    "rollout_roofline_min": 0.70,
-    "step_over_floor_max": 1.5,
-    "first_step_s_max": 30.0,
-    "peak_rss_gb_max": 3.0,
-}
 
 
 def process_age_s() -> float:
@@ -107,57 +106,6 @@ def time_repeats(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> 
         fn()
         times.append(time.perf_counter() - start)
     return times
-
-
-# ---------------------------------------------------------------- FLOPs (2 per multiply-add)
-
-
-def body_params(m: ModelConfig) -> int:
-    """Matmul weights of the blocks (attention projections and SwiGLU), per token touched once."""
-    attn = m.hidden_dim * m.head_dim * (2 * m.num_heads + 2 * m.num_kv_heads)
-    return m.num_layers * (attn + 3 * m.hidden_dim * m.mlp_dim)
-
-
-def head_params(m: ModelConfig) -> int:
-    return m.hidden_dim * m.vocab_size
-
-
-def attention_flops(m: ModelConfig, context: int) -> int:
-    """QK^T and PV of one query token over `context` keys, all layers."""
-    return m.num_layers * 2 * 2 * m.num_heads * m.head_dim * context
-
-
-def rollout_flops(m: ModelConfig, *, sequences: int, prompt: int, new: int) -> dict[str, float]:
-    """Prefill (body on P tokens, head on the last) and decode (body + head on each of M - 1
-    further tokens, attending over the cache filled so far)."""
-    prefill = 2 * prompt * body_params(m) + 2 * head_params(m)
-    prefill += sum(attention_flops(m, i + 1) for i in range(prompt))
-    decode = sum(
-        2 * (body_params(m) + head_params(m)) + attention_flops(m, prompt + t + 1)
-        for t in range(new - 1)
-    )
-    return {
-        "prefill": sequences * prefill,
-        "decode": sequences * decode,
-        "total": sequences * (prefill + decode),
-    }
-
-
-def train_flops(
-    m: ModelConfig,
-    *,
-    rows: int,
-    row_tokens: int,
-    sequence_tokens: int,
-    sequences: int,
-    loss_slots: int,
-) -> dict[str, float]:
-    """3 x forward: body over R x L row tokens, causal attention within each packed sequence,
-    output head on the K loss positions only (the trainer's chunked head)."""
-    body = 2 * rows * row_tokens * body_params(m)
-    body += sequences * sum(attention_flops(m, i + 1) for i in range(sequence_tokens))
-    head = 2 * loss_slots * head_params(m)
-    return {"forward_body": body, "forward_head": head, "total": 3 * (body + head)}
 
 
 # ---------------------------------------------------------------- matmul roofline
@@ -194,61 +142,16 @@ def matmul_rates(repeats: int) -> list[dict]:
     return results
 
 
-# ---------------------------------------------------------------- W1 runtime objects
-
-
-@dataclasses.dataclass(frozen=True)
-class IdTokenizer:
-    """Token ids as text; W1 prompts are random ids, never rendered."""
-
-    vocab_size: int
-    eos_id: int = 1
-    pad_id: int = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [int(word) for word in text.split()]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(str(int(i)) for i in ids)
-
-
-class RandomPromptTask:
-    """W1's task: prompts of random ids; reward = share of even ids in the completion, a
-    deterministic function that differs between samples, so group advantages are non-zero."""
-
-    def __init__(self, *, vocab_size: int, prompt_tokens: int, num_prompts: int, seed: int):
-        self.tokenizer = IdTokenizer(vocab_size)
-        rng = np.random.default_rng(seed)
-        ids = rng.integers(2, vocab_size, (num_prompts, prompt_tokens), np.int32)
-        self.train = [Example(id=i, prompt_tokens=ids[i], answer="") for i in range(num_prompts)]
-        self.eval = self.train[:8]
-        self.long_prompts = 0
-
-    def encode_prompt(self, example: Example) -> np.ndarray:
-        """W1's prompts are ids with no text behind them: admission copies them per request."""
-        return example.prompt_tokens.copy()
-
-    def score(self, examples: Sequence[Example], completions: Sequence[np.ndarray]) -> np.ndarray:
-        return np.array([np.mean(c % 2 == 0) if len(c) else 0.0 for c in completions], np.float32)
-
-    def is_correct(self, rewards: np.ndarray) -> np.ndarray:
-        return rewards >= 0.5
+# ---------------------------------------------------------------- the W1 run
 
 
 def build_w1_runner(config: Config) -> "CpuMarked":
-    """`locoexp.placement.build.build_in_process` (engine, trainer, step settings) with W1's
-    random-prompt task, marked with CPU seconds and process age at each step's start."""
-    d = config.dataset
-    task = RandomPromptTask(
-        vocab_size=config.model.vocab_size,
-        prompt_tokens=d.max_prompt_tokens,
-        num_prompts=8 * d.prompts_per_step,
-        seed=d.seed,
-    )
-    schedule = PromptSchedule(
-        len(task.train), d.prompts_per_step, seed=d.seed, batches_per_pass=None, passes=1
-    )
+    """The task, prompt order and in-process halves of W1 as a run builds them
+    (`locoexp.session.build.build_spec`, `locoexp.placement.build`), marked with CPU seconds and
+    process age at each step's start."""
     halves = build_spec(config).halves
+    task = build_checked_task(halves.model, halves.dataset)
+    schedule = build_schedule(halves.dataset, steps=config.steps, num_examples=len(task.train))
     runner = build_in_process(halves, task, schedule, HostGroup.current(), StepTimer())
     return CpuMarked(rollout=runner.rollout, trainer=runner.trainer, group=runner.group)
 
@@ -278,15 +181,35 @@ class Records:
 
 
 def run_steps(runner: CpuMarked, plan: LoopPlan, steps: int) -> tuple[float, list[dict]]:
-    """Step 0 (compiles) then `steps` timed steps, by the one step loop (O2 as configured).
-    Returns the process age at the end of step 0 and every step's record."""
-    plan = dataclasses.replace(plan, steps=steps + 1, eval_at_updates=(), eval_every_steps=0)
+    """The warm-up steps (`metrics.steady`: they compile) then `steps` steady steps, by the one
+    step loop (O2 as configured). Returns the process age at the end of step 0 and every step's
+    record."""
+    plan = dataclasses.replace(
+        plan, steps=WARMUP_STEPS + steps, eval_at_updates=(), eval_every_steps=0
+    )
     sink, timer = Records(), runner.rollout.timer
     StepLoop(runner, plan, timer=timer, output=sink, start_time=time.perf_counter()).run()
     runner.marks.append((cpu_seconds(), process_age_s()))  # the end (after the final flush)
     cpu = [b[0] - a[0] for a, b in zip(runner.marks, runner.marks[1:], strict=False)]
     records = [{**r, "cpu_s": c} for r, c in zip(sink.steps, cpu, strict=True)]
     return runner.marks[1][1], records
+
+
+def step_timings(records: list[dict]) -> dict:
+    """Medians over the steady window (`locoexp.metrics.steady`) of the loop's own clocks."""
+    steady = steady_records(records, steady_window(steps=len(records)))
+    return {
+        "phases_s": {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES},
+        "step_s": statistics.median(r["timing/step_s"] for r in steady),
+        "unaccounted_s": statistics.median(r["timing/unaccounted_s"] for r in steady),
+        "cpu_s": statistics.median(r["cpu_s"] for r in steady),
+        "step_decode_s_per_iteration": statistics.median(
+            1e-3 * r["rollout/decode_ms_per_iteration"] for r in steady
+        ),
+        "steady_steps": len(steady),
+        "reward_mean": [r["rollout/reward_mean"] for r in records],
+        "first_step_record": records[0],
+    }
 
 
 # ---------------------------------------------------------------- profile
@@ -379,7 +302,7 @@ def profile_train(runner: CpuMarked, repeats: int) -> dict[str, float]:
     }
 
 
-# ---------------------------------------------------------------- report
+# ---------------------------------------------------------------- figures
 
 
 def bench_rollout(runner: CpuMarked, prompts: list[np.ndarray], repeats: int) -> dict[str, float]:
@@ -408,10 +331,6 @@ def bench_rollout(runner: CpuMarked, prompts: list[np.ndarray], repeats: int) ->
     }
 
 
-def verdict(name: str, met: bool, detail: str) -> str:
-    return f"  {name:<34} {'met' if met else 'NOT met':<8} {detail}"
-
-
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -436,21 +355,6 @@ def w1_parts(config: Config, runner: CpuMarked, rows: int) -> dict[str, list]:
     return {**rollout, **train}
 
 
-def check_flops(parts: dict[str, list], r_flops: dict, t_flops: dict) -> None:
-    """The shape terms count the same FLOPs as this script's closed forms (one model, two sums)."""
-    pairs = [
-        ("rollout", r_flops["total"]),
-        ("prefill", r_flops["prefill"]),
-        ("decode", r_flops["decode"]),
-        ("train_step", t_flops["total"]),
-        ("forward_body", t_flops["forward_body"]),
-        ("forward_head", t_flops["forward_head"]),
-    ]
-    for part, expected in pairs:
-        got = total_flops(parts[part])
-        assert abs(got - expected) <= 1e-9 * expected, f"{part}: {got} vs {expected} FLOPs"
-
-
 def shape_table(parts: dict[str, list], shaped: dict, roofline_gflops: float) -> list[dict]:
     """Every distinct matmul shape of the step: who uses it, the rates and the FLOPs there."""
     users = ("prefill", "decode", "forward", "backward")
@@ -469,47 +373,19 @@ def shape_table(parts: dict[str, list], shaped: dict, roofline_gflops: float) ->
     return table
 
 
-def step_timings(records: list[dict]) -> dict:
-    """Medians over the steps after step 0 (which compiles) of the loop's own clocks."""
-    steady = records[1:]
-    return {
-        "phases_s": {p: statistics.median(r[f"timing/{p}_s"] for r in steady) for p in PHASES},
-        "step_s": statistics.median(r["timing/step_s"] for r in steady),
-        "unaccounted_s": statistics.median(r["timing/unaccounted_s"] for r in steady),
-        "cpu_s": statistics.median(r["cpu_s"] for r in steady),
-        "step_decode_s_per_iteration": statistics.median(
-            1e-3 * r["rollout/decode_ms_per_iteration"] for r in steady
-        ),
-        "reward_mean": [r["rollout/reward_mean"] for r in records],
-        "first_step_record": records[0],
-    }
-
-
 def summarise(
-    config: Config,
-    runner: CpuMarked,
-    records: list[dict],
-    rollout: dict,
-    rates: list[dict],
+    config: Config, runner: CpuMarked, records: list[dict], rollout: dict, rates: list[dict],
     shaped: dict,
-) -> dict:
-    """The report's figures: rollout and step against the square roofline and the shape floor."""
-    m, d = config.model, config.dataset
-    n = d.prompts_per_step * d.samples_per_prompt
+) -> dict:  # fmt: skip
+    """The report's figures: rollout and step against the square roofline and the shape floor
+    (FLOPs of `tools/step_matmuls.py`'s terms)."""
     best = max(rates, key=lambda r: r["gflops"])
-    r_flops = rollout_flops(m, sequences=n, prompt=d.max_prompt_tokens, new=d.max_new_tokens)
-    rows = int(records[-1]["train/rows"])
-    t_flops = train_flops(
-        m,
-        rows=rows,
-        row_tokens=runner.rollout.settings.row_tokens,
-        sequence_tokens=d.max_prompt_tokens + d.max_new_tokens,
-        sequences=n,
-        loss_slots=n * d.max_new_tokens,
-    )
-    parts = shaped["parts"]
-    check_flops(parts, r_flops, t_flops)
-    rate, rates_at = best["gflops"] * 1e9, shaped["rates"]
+    parts, rates_at = shaped["parts"], shaped["rates"]
+    r_flops = {k: total_flops(parts[p]) for k, p in
+               (("prefill", "prefill"), ("decode", "decode"), ("total", "rollout"))}  # fmt: skip
+    t_flops = {k: total_flops(parts[k]) for k in ("forward_body", "forward_head")}
+    t_flops["total"] = total_flops(parts["train_step"])
+    rate = best["gflops"] * 1e9
     timings = step_timings(records)
     step_s = timings["step_s"]
     floor_s = (r_flops["total"] + t_flops["total"]) / rate
@@ -533,7 +409,7 @@ def summarise(
             **timings,
             "rollout_flops": r_flops["total"],
             "train_flops": t_flops,
-            "rows": rows,
+            "rows": int(records[-1]["train/rows"]),
             "floor_s": floor_s,
             "step_over_floor": step_s / floor_s,
             "shape_floor_s": shape_floor_s,
@@ -568,9 +444,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     runner = build_w1_runner(config)
     first_step_s, records = run_steps(runner, build_spec(config).loop, args.steps)
     rss_run = peak_rss_gb()
-    n = d.prompts_per_step * d.samples_per_prompt
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(2, m.vocab_size, d.max_prompt_tokens, np.int32) for _ in range(n)]
+    n, train = d.prompts_per_step * d.samples_per_prompt, runner.rollout.task.train
+    prompts = [train[i % len(train)].prompt_tokens for i in range(n)]  # W1's own prompts
     rollout = bench_rollout(runner, prompts, args.repeats)
     rates = matmul_rates(args.repeats)
     parts = w1_parts(config, runner, rows=int(records[-1]["train/rows"]))
@@ -591,127 +466,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return report
-
-
-def print_rates(r: dict) -> None:
-    print("\n1. Matmul rate (fp32, median of timed repeats after warm-up):")
-    for x in r["matmul"]:
-        print(
-            f"  {x['matmul']:<42} {x['backend']:<6} {x['seconds'] * 1e3:9.2f} ms  "
-            f"{x['gflops']:8.1f} GFLOP/s"
-        )
-    print(
-        f"  roofline denominator = best sustained rate: {r['roofline_gflops']:.1f} GFLOP/s "
-        f"({r['roofline_source']})"
-    )
-    print(
-        "  at the step's own matmul shapes (fastest timed call; XLA writing the product, XLA "
-        "with it reduced in the same program ('fused'), NumPy; the shape floors divide each "
-        "matmul's FLOPs by its shape's best rate):"
-    )
-    print(
-        f"  {'shape':<30} {'used by':<26} {'XLA':>7} {'fused':>7} {'NumPy':>7} {'of roof':>8} "
-        f"{'step GFLOP':>10}"
-    )
-    for x in sorted(r["shapes"], key=lambda x: -x["step_flops"]):
-        print(
-            f"  {x['shape']:<30} {','.join(x['used_by']):<26} {x['xla_gflops']:7.1f} "
-            f"{x['xla_fused_gflops']:7.1f} {x['numpy_gflops']:7.1f} {x['of_roofline']:8.0%} "
-            f"{x['step_flops'] / 1e9:10.2f}"
-        )
-
-
-def print_rollout(r: dict, m: ModelConfig) -> None:
-    ro = r["rollout"]
-    print(
-        f"\n2. Rollout (JaxEngine.generate, 64 seqs x 64 prompt + 64 forced new tokens, T=1; "
-        f"body {body_params(m) / 1e6:.2f}M + head {head_params(m) / 1e6:.2f}M matmul params):"
-    )
-    print(
-        f"  wall {ro['seconds']:.2f} s (median)  {ro['tokens_per_s']:.0f} new tokens/s  "
-        f"{ro['s_per_decode_iteration'] * 1e3:.1f} ms per decode iteration "
-        f"({ro['decode_iterations']} iterations, prefill included); the engine's own clocks: "
-        f"prefill {ro['engine_prefill_s'] * 1e3:.1f} ms, "
-        f"{ro['engine_decode_s_per_iteration'] * 1e3:.1f} ms per decode iteration"
-    )
-    rf = ro["flops"]
-    print(
-        f"  FLOPs {rf['total'] / 1e9:.1f} G (prefill {rf['prefill'] / 1e9:.1f} G, decode "
-        f"{rf['decode'] / 1e9:.1f} G) -> {rf['total'] / ro['seconds'] / 1e9:.1f} GFLOP/s = "
-        f"{ro['roofline_fraction']:.1%} of the roofline; its shape floor "
-        f"{ro['shape_floor_s']:.2f} s = {ro['shape_floor_fraction']:.1%} of the wall time"
-    )
-
-
-def print_step(r: dict) -> None:
-    st = r["step"]
-    tf = st["train_flops"]
-    steps = len(st["reward_mean"]) - 1
-    print(f"\n3. GRPO step (the step loop, medians of {steps} steps after step 0):")
-    for name, seconds in st["phases_s"].items():
-        print(f"  {name:<12} {seconds:8.3f} s")
-    print(f"  {'unaccounted':<12} {st['unaccounted_s']:8.3f} s")
-    print(
-        f"  {'step':<12} {st['step_s']:8.3f} s (the step's own decode s/iteration: "
-        f"{st['step_decode_s_per_iteration'] * 1e3:.1f} ms)"
-    )
-    print(
-        f"  CPU time of this process per step {st['cpu_s']:.1f} s = "
-        f"{st['cpu_s'] / st['step_s']:.2f} cores busy on average (of {r['cpus']}; less means "
-        "other processes took the rest)"
-    )
-    print(
-        f"  compute floor = (rollout {st['rollout_flops'] / 1e9:.1f} G + train "
-        f"{tf['total'] / 1e9:.1f} G) / rate = {st['floor_s']:.2f} s; step / floor = "
-        f"{st['step_over_floor']:.2f}\n  shape floor (each matmul at its shape's rate) = "
-        f"{st['shape_floor_s']:.2f} s (train {st['train_shape_floor_s']:.2f} s); step / shape "
-        f"floor = {st['step_over_shape_floor']:.2f}\n  train = 3 x forward: body over all "
-        f"{st['rows']} rows x L tokens {tf['forward_body'] / 1e9:.1f} G + output head on the K "
-        f"loss positions only {tf['forward_head'] / 1e9:.1f} G (what the trainer computes)"
-    )
-    print(f"  reward mean per step: {', '.join(f'{x:.3f}' for x in st['reward_mean'])}")
-    step0, first = st["first_step_record"], r["first_step_s"]
-    print(
-        f"\n4. Time to first step (process start -> end of step 0): {first:.1f} s = start-up "
-        f"(imports, config, model init) {first - step0['timing/step_s']:.1f} s + step 0 "
-        f"{step0['timing/step_s']:.1f} s (generation {step0['timing/generation_s']:.1f} s, "
-        f"train {step0['timing/train_s']:.1f} s, compiles included)"
-    )
-    print(f"  peak RSS after the W1 steps {r['peak_rss_gb_run']:.2f} GB")
-
-
-def print_report(r: dict, m: ModelConfig) -> None:
-    print_rates(r)
-    print_rollout(r, m)
-    print_step(r)
-    ro, st = r["rollout"], r["step"]
-    print("\n5. Verdicts (CPU figures; the targets are against the square roofline):")
-    fraction, ratio = ro["roofline_fraction"], st["step_over_floor"]
-    checks = [
-        (
-            "rollout >= 70% of matmul roofline",
-            fraction >= TARGETS["rollout_roofline_min"],
-            f"{fraction:.1%} (its shape floor: {ro['shape_floor_fraction']:.1%})",
-        ),
-        (
-            "GRPO step <= 1.5 x compute floor",
-            ratio <= TARGETS["step_over_floor_max"],
-            f"{st['step_s']:.2f} s / {st['floor_s']:.2f} s = {ratio:.2f}x "
-            f"(shape floor: {st['step_over_shape_floor']:.2f}x)",
-        ),
-        (
-            "time to first step <= 30 s",
-            r["first_step_s"] <= TARGETS["first_step_s_max"],
-            f"{r['first_step_s']:.1f} s",
-        ),
-        (
-            "peak RSS <= 3 GB",
-            r["peak_rss_gb_run"] <= TARGETS["peak_rss_gb_max"],
-            f"{r['peak_rss_gb_run']:.2f} GB",
-        ),
-    ]
-    for name, met, detail in checks:
-        print(verdict(name, met, detail), flush=True)
 
 
 def run_profile(

@@ -12,13 +12,14 @@ only with it was beaten by the step it bounds (Table 1's caps: 0.90x, experiment
 session 10).
 
 Each part of a step is a list of `Term`s: a shape and the FLOPs the part spends at that shape
-(2 per multiply-add; attention counts only the causal half it needs, as bench_w1's FLOP counts
-do). Shapes follow the model code: separate q/k/v/o projections and a SwiGLU MLP
-(`model/transformer.py`), grouped-query attention as the einsum `btkrh,bskh->bkrts` (batch =
-sequences x KV heads, m = tokens x query heads per KV head), the trainer's fused head in chunks
-(`trainer/head.py`: logits, dh and dW per chunk). Backward of x @ W is dx = dy @ W^T and
-dW = x^T @ dy. The decode attention is measured at the mid context (its FLOPs are < 1% of a
-decode step). Norms, RoPE, softmax and sampling are not matmuls and are not counted.
+(2 per multiply-add; attention counts only the causal half it needs): the one FLOP count of a
+step that tools/bench_w1.py and tools/bench_table1_caps.py report. Shapes follow the model
+code: separate q/k/v/o projections and a SwiGLU MLP (`model.sizes.block_projections`),
+grouped-query attention as the einsum `btkrh,bskh->bkrts` (batch = sequences x KV heads,
+m = tokens x query heads per KV head), the trainer's fused head in chunks (`trainer/head.py`:
+logits, dh and dW per chunk). Backward of x @ W is dx = dy @ W^T and dW = x^T @ dy. The decode
+attention is measured at the mid context (its FLOPs are < 1% of a decode step). Norms, RoPE,
+softmax and sampling are not matmuls and are not counted.
 
 This module owns shapes and rates; it knows nothing of runners or timings (bench_w1 does).
 Shapes: n sequences, P prompt, M new tokens, R rows, L row tokens, K loss slots, C head chunk,
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locoexp.model.config import ModelConfig
+from locoexp.model.sizes import block_projections
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -57,17 +59,10 @@ class Shape:
 Term = tuple[Shape, float]  # a shape and the FLOPs a part spends at it
 
 
-def projections(m: ModelConfig) -> list[tuple[int, int]]:
-    """(in, out) of each block's matmul weights: q, k, v, o, gate, up, down."""
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    d, f = m.hidden_dim, m.mlp_dim
-    return [(d, q), (d, kv), (d, kv), (q, d), (d, f), (d, f), (f, d)]
-
-
 def body_terms(m: ModelConfig, tokens: int, *, forward=True, backward=False) -> list[Term]:
     """The blocks' projections over `tokens` rows: x @ W, and dx = dy @ W^T, dW = x^T @ dy."""
     terms = []
-    for d_in, d_out in projections(m):
+    for d_in, d_out in block_projections(m):
         flops = m.num_layers * 2 * tokens * d_in * d_out
         if forward:
             terms.append((Shape(tokens, d_in, d_out), flops))

@@ -9,12 +9,13 @@ throughout unless a name says ms. This module never imports jax.
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
 
-from locoexp.analysis.runs import Run, steady_median
+from locoexp.analysis.runs import Run, steady_steps
 
 
 def longest_path(durations: Mapping[str, float], edges: Sequence[tuple[str, str]]) -> float:
@@ -126,12 +127,20 @@ def eq4_periods_verdict(terms: Eq4Terms) -> dict:
 
 
 def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Terms:
-    """Eq. 4's terms measured from a co run and a da run (medians over steady steps; slowest
-    host per phase as logged). tau is the residual lambda_DA - max{...}; A is 0 (the driver
-    waits for every rollout host each step: staleness absorbs no straggler wait here)."""
+    """Eq. 4's terms measured from a co run and a da run over their steady windows."""
+    return eq4_terms_from_steps(
+        steady_steps(co, override=steady), steady_steps(da, override=steady)
+    )
 
-    def term(run: Run, *phases: str) -> float:
-        values = [steady_median(run, f"timing/{p}_s", override=steady) for p in phases]
+
+def eq4_terms_from_steps(co: Sequence[dict], da: Sequence[dict]) -> Eq4Terms:
+    """Eq. 4's terms from the steady step records of a co and a da run (medians; slowest host
+    per phase as logged): D_R = admission + generation + reward, D_T = (transfer +) pack +
+    train, d_pub = publish, d_L = load. tau is the residual lambda_DA - max{...}; A is 0 (the
+    driver waits for every rollout host each step: staleness absorbs no straggler wait here)."""
+
+    def term(steps: Sequence[dict], *phases: str) -> float:
+        values = [_median(steps, f"timing/{p}_s") for p in phases]
         return sum(v for v in values if v is not None)
 
     terms = Eq4Terms(
@@ -143,8 +152,13 @@ def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Te
         dpub=term(da, "publish"),
         dl=term(da, "load"),
     )
-    measured = steady_median(da, "timing/step_s", override=steady) or 0.0
+    measured = _median(da, "timing/step_s") or 0.0
     return dataclasses.replace(terms, tau=measured - terms.lambda_da)
+
+
+def _median(steps: Sequence[dict], key: str) -> float | None:
+    values = [float(r[key]) for r in steps if isinstance(r.get(key), int | float)]
+    return statistics.median(values) if values else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,13 +8,15 @@ workload, model, levers) and picks Appendix A's steady window. It never imports 
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from locoexp.errors import ConfigError
 from locoexp.metrics.run_records import METRICS_FILE, RunRecords, read_run, read_run_config
+from locoexp.metrics.steady import SteadyWindow, steady_records
+from locoexp.metrics.steady import steady_median as median_over
+from locoexp.metrics.steady import steady_window as metrics_steady_window
 
 STEP_TIME = "timing/step_s"
 LEVER_KEYS = ("metrics_off_barrier", "freeze_gc", "balance_prompts", "publish_in_one_call")
@@ -139,38 +141,23 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SteadyWindow:
-    first: int
-    last: int  # inclusive
-    rule: str  # how it was chosen, for the report
-
-
 def steady_window(run: Run, *, override: str | None = None) -> SteadyWindow:
-    """Appendix A: the second pass over the same batches minus its first 3 and last 1 of 20
-    steps (steps 23-38 of 40), the same shares for other pass lengths; one pass: steps >= 2."""
+    """The run's steady window (`locoexp.metrics.steady`: Appendix A's second pass, else the
+    steps after warm-up), or the window `--steady=FIRST:LAST` gives."""
     if override:
         first, sep, last = override.partition(":")
         if not sep or not first.isdigit() or not last.isdigit() or int(first) > int(last):
             raise ConfigError(f"--steady={override!r} must read FIRST:LAST, e.g. 23:38.")
         return SteadyWindow(first=int(first), last=int(last), rule="given")
-    n = run.get("dataset.batches_per_pass")
-    passes = int(run.get("dataset.passes", 1) or 1)
-    steps = int(run.get("steps", len(run.steps)) or len(run.steps))
-    if n and passes >= 2:
-        first, last = n + math.ceil(3 * n / 20), 2 * n - 1 - math.ceil(n / 20)
-        if first <= last < steps:  # a run cut shorter than its second pass falls back below
-            return SteadyWindow(first=first, last=last, rule="second pass (Appendix A)")
-    return SteadyWindow(first=min(2, steps - 1), last=steps - 1, rule="after warm-up (one pass)")
+    return metrics_steady_window(
+        steps=int(run.get("steps", len(run.steps)) or len(run.steps)),
+        batches_per_pass=run.get("dataset.batches_per_pass"),
+        passes=int(run.get("dataset.passes", 1) or 1),
+    )
 
 
 def steady_steps(run: Run, *, override: str | None = None) -> list[dict[str, Any]]:
-    window = steady_window(run, override=override)
-    return [
-        r
-        for r in run.steps
-        if window.first <= r["step"] <= window.last and isinstance(r.get(STEP_TIME), int | float)
-    ]
+    return steady_records(run.steps, steady_window(run, override=override))
 
 
 def processed_tokens(record: dict[str, Any]) -> float:
@@ -180,14 +167,4 @@ def processed_tokens(record: dict[str, Any]) -> float:
 
 def steady_median(run: Run, key: str, *, override: str | None = None) -> float | None:
     """Median of `key` over the steady window; None when no steady step logs it."""
-    values = sorted(
-        float(r[key]) for r in steady_steps(run, override=override) if _number(r.get(key))
-    )
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return median_over(run.steps, key, steady_window(run, override=override))

@@ -1,7 +1,9 @@
 """Schema of the `dataset` config group: source, prompt template, caps, batch shape, reward.
 
 Table 1 of the paper gives the defaults of the real workloads (conf/dataset/*.yaml); the
-synthetic task is the embedded default that a tiny random policy learns from scratch on CPU.
+synthetic task is the embedded default that a tiny random policy learns from scratch on CPU;
+`random_tokens` is workload W1 of tools/bench_w1.py (random prompt ids, nothing to learn).
+Every key is read by the kinds `_READ_BY` names or refused under the others, never dropped.
 """
 
 import dataclasses
@@ -16,6 +18,7 @@ class DatasetKind(enum.Enum):
     numinamath_cot = "numinamath_cot"
     swe_agent = "swe_agent"
     openmathinstruct2 = "openmathinstruct2"
+    random_tokens = "random_tokens"
 
 
 MATH_PROMPT_TEMPLATE = (
@@ -37,7 +40,7 @@ class SyntheticTaskConfig:
     num_digits: int = 3  # digits per prompt; the answer repeats them
     num_symbols: int = 10  # distinct digit symbols
     train_size: int = 800  # distinct training prompts
-    eval_size: int = 200  # held-out prompts, disjoint from training prompts
+    held_out_size: int = 200  # held-out prompts, disjoint from training prompts
 
     def __post_init__(self):
         require(
@@ -50,11 +53,27 @@ class SyntheticTaskConfig:
         )
         space = self.num_symbols**self.num_digits
         require(
-            self.train_size + self.eval_size <= space,
-            f"dataset.synthetic.train_size + eval_size = {self.train_size + self.eval_size} "
+            self.train_size + self.held_out_size <= space,
+            f"dataset.synthetic.train_size + held_out_size = "
+            f"{self.train_size + self.held_out_size} "
             f"exceeds the {space} distinct prompts of {self.num_digits} digits over "
             f"{self.num_symbols} symbols.",
         )
+
+
+@dataclasses.dataclass(kw_only=True)
+class RandomTokensConfig:
+    """Workload W1 (tools/bench_w1.py): prompts of `dataset.max_prompt_tokens` random token ids
+    over the model's vocabulary (never rendered from text); reward = the share of even ids in a
+    completion (locoexp/dataset/random_tokens.py). It measures work per step, not learning."""
+
+    train_size: int = 64  # distinct training prompts
+    held_out_size: int = 8  # held-out prompts, drawn apart from the training prompts
+
+    def __post_init__(self):
+        for key in ("train_size", "held_out_size"):
+            value = getattr(self, key)
+            require(value >= 1, f"dataset.random_tokens.{key}={value} must be >= 1.")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -92,6 +111,7 @@ class DatasetConfig:
     reward_workers: int = 0  # 0 = score in the host process; N > 0 = a pool of N processes
     eval_size: int | None = None  # held-out rows scored per evaluation; None = the whole split
     synthetic: SyntheticTaskConfig = dataclasses.field(default_factory=SyntheticTaskConfig)
+    random_tokens: RandomTokensConfig = dataclasses.field(default_factory=RandomTokensConfig)
 
     def __post_init__(self):
         for key in (
@@ -122,3 +142,79 @@ class DatasetConfig:
             self.eval_size is None or self.eval_size >= 1,
             f"dataset.eval_size={self.eval_size} must be a positive integer or null.",
         )
+        self._refuse_unread_keys()
+
+    def _refuse_unread_keys(self) -> None:
+        """A key the kind's task never reads is refused unless it keeps its default."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        for key, readers in _READ_BY.items():
+            if self.kind in readers:
+                continue
+            for name, value, expected in _leaves(key, getattr(self, key), _default_of(fields[key])):
+                require(
+                    value == expected,
+                    f"dataset.{name}={_shown(value)} is not read by dataset={self.kind.value}; "
+                    f"leave it at {_default(expected)} (it applies to dataset="
+                    f"{' or '.join(k.value for k in readers)}).",
+                )
+
+
+_FILES = (
+    DatasetKind.gsm8k,
+    DatasetKind.numinamath_cot,
+    DatasetKind.swe_agent,
+    DatasetKind.openmathinstruct2,
+)
+_MATH = (DatasetKind.gsm8k, DatasetKind.numinamath_cot, DatasetKind.openmathinstruct2)
+# The keys only some kinds read, and the kinds that read them. Under any other kind a value
+# other than the field's default is refused (as rollout's `_VLLM_ONLY`), never dropped.
+_READ_BY = {
+    "path": _FILES,
+    "name": _FILES,
+    "revision": _FILES,
+    "data_files": _FILES,
+    "eval_data_files": _FILES,
+    "train_split": _FILES,
+    "eval_split": _FILES,
+    "max_train_rows": _FILES,
+    "thinking": _FILES,  # the chat template's thinking mode
+    "long_prompts": _FILES,
+    "prompt_template": _MATH,  # SWE prompts are the trajectory itself
+    "reward_workers": _FILES,  # the other tasks score in the host process
+    "synthetic": (DatasetKind.synthetic,),
+    "random_tokens": (DatasetKind.random_tokens,),
+}
+
+
+def _default_of(field: dataclasses.Field):
+    factory = field.default_factory
+    return field.default if factory is dataclasses.MISSING else factory()
+
+
+def _leaves(key: str, value, default) -> list[tuple[str, object, object]]:
+    """(dotted key, value, default) of a key, or of each field of a sub-config."""
+    if not dataclasses.is_dataclass(default):
+        return [(key, value, default)]
+    return [
+        (f"{key}.{f.name}", getattr(value, f.name), getattr(default, f.name))
+        for f in dataclasses.fields(default)
+    ]
+
+
+def _default(value) -> str:
+    shown = _shown(value)
+    return shown if len(shown) <= 40 else "its default"
+
+
+def _shown(value) -> str:
+    """A value as a user types it on the command line."""
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return str(value).lower()
+        case enum.Enum():
+            return value.value
+        case str():
+            return repr(value)
+    return str(value)

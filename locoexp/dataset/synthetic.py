@@ -12,38 +12,13 @@ position-dependent lookup that RL from scratch found far more slowly (reward 0.4
 300-400 steps in our sweeps), and an increment-each-digit rule stalled on one unexplored mapping.
 """
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from locoexp.dataset.config import SyntheticTaskConfig
 from locoexp.dataset.task import Example
-
-PAD, BOS, EOS, SEP, DIGIT0 = 0, 1, 2, 3, 4
-
-
-@dataclasses.dataclass(frozen=True)
-class DigitTokenizer:
-    """Character-level tokenizer: pad, bos, eos, '=', then one token per digit symbol."""
-
-    num_symbols: int = 10
-    pad_id: int = PAD
-    eos_id: int = EOS
-
-    @property
-    def vocab_size(self) -> int:
-        return DIGIT0 + self.num_symbols
-
-    def encode(self, text: str) -> list[int]:
-        specials = {"=": SEP}
-        return [
-            specials[ch] if ch in specials else DIGIT0 + int(ch) for ch in text if not ch.isspace()
-        ]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        names = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", SEP: "="}
-        return "".join(names.get(int(i), str(int(i) - DIGIT0)) for i in ids)
+from locoexp.tokenizer.digits import BOS, DIGIT0, EOS, SEP, DigitTokenizer
 
 
 class EchoDigitsTask:
@@ -54,7 +29,7 @@ class EchoDigitsTask:
         self.num_digits = config.num_digits
         space = config.num_symbols**config.num_digits
         rng = np.random.default_rng(seed)
-        codes = rng.choice(space, size=config.train_size + config.eval_size, replace=False)
+        codes = rng.choice(space, size=config.train_size + config.held_out_size, replace=False)
         digits = [self._digits(int(c), config) for c in codes]
         self.train = [self._example(i, d) for i, d in enumerate(digits[: config.train_size])]
         self.eval = [self._example(i, d) for i, d in enumerate(digits[config.train_size :])]

@@ -4,7 +4,7 @@ A `Task` is built once per host at start-up (`locoexp.dataset.build.build_task`)
 rendered and tokenized then, to apply the prompt cap and to know prompt lengths (O3). Admission
 on the step path renders and tokenizes every request again with `Task.encode_prompt`, as the
 paper's admitting process does (Section 4.3), unless `opt.pretokenize_prompts` reuses the load-time
-tokens (locoexp/dataset/admission.py). Rewards are verifiable: a completion is compared with the
+tokens (locoexp/placement/admission.py). Rewards are verifiable: a completion is compared with the
 gold answer, and model output is never run as code.
 """
 
@@ -14,15 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-
-class Tokenizer(Protocol):
-    vocab_size: int  # ids are in [0, vocab_size)
-    eos_id: int  # generation stops here (the engine's stop token)
-    pad_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
+from locoexp.tokenizer.protocol import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 from locoexp.metrics.config import LoggerConfig
 from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
 from locoexp.metrics.record import MetricsFile, Progress, cut_back, format_summary
+from locoexp.metrics.steady import SteadyWindow, steady_median, steady_window
 from locoexp.metrics.wandb_logger import build_logger
 
 
@@ -83,12 +84,21 @@ class RunOutput:
         self.logger.log(record, step=record["step"])
 
     def finish(
-        self, summary: dict, *, target: float, chips: int, chip_hour_price_usd: float, wall_s: float
+        self,
+        summary: dict,
+        *,
+        target: float,
+        chips: int,
+        chip_hour_price_usd: float,
+        wall_s: float,
+        steady: SteadyWindow | None = None,
     ) -> dict[str, Any]:
         """Add eval and cost to the summary, write `summary.json`, hand it to the logger. After a
-        resume the step keys of `summarize_steps` are recomputed over every attempt's steps."""
+        resume the step keys of `summarize_steps` are recomputed over every attempt's steps
+        (`steady`: the run's steady window; None = the steps after warm-up)."""
         if self.earlier_steps:
-            summary = {**summary, **summarize_steps(self.earlier_steps + self.step_records)}
+            records = self.earlier_steps + self.step_records
+            summary = {**summary, **summarize_steps(records, steady)}
         cost = compute_cost_to_learn(
             self.checkpoints, target=target, chips=chips, chip_hour_price_usd=chip_hour_price_usd
         )
@@ -143,13 +153,18 @@ class RunFiles:
             output.close()
 
 
-def summarize_steps(records: list[dict]) -> dict[str, float]:
+def summarize_steps(records: list[dict], window: SteadyWindow | None = None) -> dict[str, float]:
     """The summary keys every placement reports: steps, reward of the first and last 5 steps,
-    median step time."""
+    median step time over the steady window (`metrics.steady`; None: the steps after warm-up
+    of a run that ends at the last record), warm-up excluded."""
     first, last = records[: min(5, len(records))], records[-min(5, len(records)) :]
+    window = window or steady_window(steps=records[-1]["step"] + 1)
+    step_s = steady_median(records, "timing/step_s", window)
+    if step_s is None:  # stopped before its steady window: every step it ran
+        step_s = float(np.median([r["timing/step_s"] for r in records]))
     return {
         "steps": len(records),
         "reward_first5": float(np.mean([r["rollout/reward_mean"] for r in first])),
         "reward_last5": float(np.mean([r["rollout/reward_mean"] for r in last])),
-        "step_s_median": float(np.median([r["timing/step_s"] for r in records])),
+        "step_s_median": step_s,
     }

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
-from locoexp.config import Config
+from locoexp.hardware.hosts import minimal_hosts
 from locoexp.metrics.cost import Checkpoint, checkpoints_from_records
 
 METRICS_FILE = "metrics.jsonl"
@@ -90,7 +89,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
 def count_chips(config: dict[str, Any]) -> int:
     """`hardware.chips` when the config records it, else hosts x chips per host (as
     HardwareConfig.chips); with `hardware.hosts: null` (the smallest count the placement needs,
-    resolved at start-up and not in Hydra's file) the typed Config resolves it as the run did;
+    resolved at start-up and not in Hydra's file) it is resolved as the run did (`minimal_hosts`);
     0 (unknown) when the config says neither."""
     hardware = config.get("hardware") or {}
     if "chips" in hardware:
@@ -98,11 +97,9 @@ def count_chips(config: dict[str, Any]) -> int:
     if "hosts" not in hardware or "chips_per_host" not in hardware:
         return 0
     if hardware["hosts"] is None:
-        return _typed(config).hardware.chips
+        placement = config.get("placement") or {}
+        disaggregated, split = placement.get("kind") == "da", config.get("split")
+        return minimal_hosts(disaggregated=disaggregated, split=split) * int(
+            hardware["chips_per_host"]
+        )
     return int(hardware["hosts"]) * int(hardware["chips_per_host"])
-
-
-def _typed(config: dict[str, Any]):
-    """The run's typed Config from its resolved config (dataclasses only: no jax)."""
-    plain = {k: v for k, v in config.items() if k != "hydra"}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))

@@ -45,13 +45,23 @@ def count_embedding_parameters(config: ModelConfig) -> int:
     return tables * config.vocab_size * config.hidden_dim
 
 
+def block_projections(config: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of each decoder block's matmul weights: q, k, v, o, then SwiGLU gate, up, down."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    d, f = config.hidden_dim, config.mlp_dim
+    return [(d, q), (d, kv), (d, kv), (q, d), (d, f), (d, f), (f, d)]
+
+
+def count_block_matmul_parameters(config: ModelConfig) -> int:
+    """One decoder block's matmul weights (attention projections and SwiGLU MLP)."""
+    return sum(d_in * d_out for d_in, d_out in block_projections(config))
+
+
 def count_block_parameters(config: ModelConfig) -> int:
-    """One decoder block: attention (+ q/k norms) + SwiGLU MLP + its two RMSNorm scales."""
+    """One decoder block: its matmul weights + q/k norms + its two RMSNorm scales."""
     c = config
-    attention = c.hidden_dim * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q,o and k,v
     qk_norms = 2 * c.head_dim if c.qk_norm else 0
-    mlp = 3 * c.hidden_dim * c.mlp_dim  # gate, up, down
-    return attention + qk_norms + mlp + 2 * c.hidden_dim
+    return count_block_matmul_parameters(c) + qk_norms + 2 * c.hidden_dim
 
 
 def count_parameters_by_formula(config: ModelConfig) -> int:

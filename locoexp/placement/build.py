@@ -18,7 +18,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
@@ -26,6 +25,7 @@ from locoexp.dataset.task import Task
 from locoexp.errors import require
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
+from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
 from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.multihost import HostGroup
@@ -36,7 +36,7 @@ from locoexp.trainer.trainer import Trainer
 
 def build_checked_task(model: ModelConfig, dataset: DatasetConfig) -> Task:
     """The run's task, refused when the model's vocabulary does not cover its tokenizer."""
-    task = build_task(dataset, tokenizer_dir=model.checkpoint)
+    task = build_task(dataset, tokenizer_dir=model.checkpoint, vocab_size=model.vocab_size)
     require(
         task.tokenizer.vocab_size <= model.vocab_size,
         f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
@@ -61,6 +61,10 @@ def open_in_process(
     if admission_dir is not None:
         path = admission_dir / f"host{transport.group.index}.jsonl"
         transport.rollout.admission_log = AdmissionLog(path)
+    group = transport.group
+    transport.rollout.rendezvous = AdmissionRendezvous.from_environment(
+        host=group.index, hosts=group.count
+    )
     yield transport
 
 
@@ -124,7 +128,8 @@ def build_actor_rollout_half(halves: HalvesSpec, **half) -> RolloutHalf:
     )
     one_call = halves.settings.opt.publish_in_one_call
     load = functools.partial(load_from_object_store, template=template, one_call=one_call)
-    task = build_task(halves.dataset, tokenizer_dir=halves.model.checkpoint)
+    model = halves.model
+    task = build_task(halves.dataset, tokenizer_dir=model.checkpoint, vocab_size=model.vocab_size)
     return build_rollout_half(policy, task, halves, load=load, settings=halves.settings, **half)
 
 

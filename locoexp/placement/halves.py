@@ -23,16 +23,17 @@ import numpy as np
 from locoexp.checkpoint.export import export_policy
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.dataset.admission import AdmissionLog
 from locoexp.dataset.schedule import PromptSchedule
-from locoexp.dataset.task import Task, Tokenizer
+from locoexp.dataset.task import Task
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement import phases
+from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
 from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.settings import StepSettings
 from locoexp.rollout.protocol import Engine
 from locoexp.rollout.requests import RequestQueue
+from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.packing import PackedBatch, count_rows, pack_sequences
 from locoexp.trainer.trainer import Trainer
 
@@ -100,6 +101,7 @@ class RolloutHalf:
     load: Callable[[Engine, Published], None] | None = None
     version: int = 0  # the initial weights are the trainer's (same seed)
     admission_log: AdmissionLog | None = None  # this host's per-step admission records
+    rendezvous: AdmissionRendezvous | None = None  # a test seam (placement/admission.py)
 
     def run(self, step: int, published: Published) -> RolloutBatch:
         """Batch `step`'s share of this host, sampled with `published`: load (where weights
@@ -122,6 +124,7 @@ class RolloutHalf:
                 balance=s.opt.balance_prompts,
                 queue=queue,
                 pretokenized=s.opt.pretokenize_prompts,
+                rendezvous=self.rendezvous,
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):

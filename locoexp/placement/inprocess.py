@@ -21,7 +21,6 @@ import numpy as np
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.dataset.task import Tokenizer
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -33,6 +32,7 @@ from locoexp.placement.halves import (
     TrainResult,
 )
 from locoexp.placement.multihost import HostGroup, exchange_metrics
+from locoexp.tokenizer.protocol import Tokenizer
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -46,6 +46,7 @@ from locoexp.checkpoint.stop import RunStopped
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput, summarize_steps
+from locoexp.metrics.steady import WARMUP_STEPS, SteadyWindow, steady_records
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import combine_host_metrics
@@ -120,7 +121,8 @@ def drive(
         published=published,
     )
     loop.profiler = profiler or loop.profiler
-    summary = {**summarize(loop.run(), staleness=plan.staleness), **(extra_summary or {})}
+    records = loop.run()
+    summary = {**summarize(records, plan.steady, staleness=plan.staleness), **(extra_summary or {})}
     if output is None:
         return summary
     clock = loop.clock
@@ -129,6 +131,7 @@ def drive(
         target=plan.eval_target,
         chips=plan.chips,
         chip_hour_price_usd=plan.chip_hour_price_usd,
+        steady=plan.steady,
         wall_s=clock.elapsed_s() + clock.eval_total_s + earlier_eval_s,
     )
 
@@ -163,7 +166,7 @@ class StepLoop:
             if self.plan.staleness:
                 self.pending = self.transport.start_rollout(first, self.published)
             for step in range(first, self.plan.steps):
-                if step == first + self.plan.warmup_steps and self.plan.freeze_gc:
+                if step == first + WARMUP_STEPS and self.plan.freeze_gc:
                     freeze_gc()
                 self._step(step)
                 if self.plan.evaluates_after(step + 1):
@@ -282,11 +285,11 @@ def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -
     return {"timing/overlap_s": seconds, "timing/overlap_share": seconds / max(end - start, 1e-9)}
 
 
-def summarize(records: list[dict], *, staleness: int) -> dict[str, float]:
-    """Every placement's summary keys; with staleness, what was achieved after warm-up."""
-    summary = summarize_steps(records)
+def summarize(records: list[dict], window: SteadyWindow, *, staleness: int) -> dict[str, float]:
+    """Every placement's summary keys; with staleness, what was achieved in the steady window."""
+    summary = summarize_steps(records, window)
     if staleness:
-        steady = records[1:] or records
+        steady = steady_records(records, window) or records
         summary["staleness_steps_max"] = float(max(r["train/staleness_steps"] for r in steady))
         summary["overlap_share_median"] = float(
             np.median([r["timing/overlap_share"] for r in steady])

@@ -14,9 +14,9 @@ from jax.sharding import Mesh
 
 from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
-from locoexp.dataset.admission import AdmissionRecord, admit_requests
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
+from locoexp.placement.admission import AdmissionRecord, AdmissionRendezvous, admit_requests
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.config import SamplingParams
 from locoexp.rollout.engine import Rollout
@@ -78,6 +78,7 @@ def admit(
     balance: bool,
     queue: RequestQueue,
     pretokenized: bool,
+    rendezvous: AdmissionRendezvous | None = None,
 ) -> Admitted:
     """Admission (Section 4.3, App. C Eq. 3): this host's share of the step's P prompts
     (`host_shares`: floor or ceil of P/H); each of their G requests is chat-rendered, tokenized
@@ -88,7 +89,12 @@ def admit(
     mine = split_across_hosts(indices, lengths, hosts, balance=balance)[host]
     examples = [task.train[i] for i in mine]
     requests, record = admit_requests(
-        task, examples, group_size=group_size, queue=queue, pretokenized=pretokenized
+        task,
+        examples,
+        group_size=group_size,
+        queue=queue,
+        pretokenized=pretokenized,
+        rendezvous=rendezvous,
     )
     return Admitted(examples=examples, requests=requests, group_size=group_size, record=record)
 
@@ -120,10 +126,16 @@ def publish(params, engine: Engine, *, mesh: Mesh, one_call: bool) -> None:
     """Weight publication: gather the FSDP shards into this host's engine replica (O4: every
     weight in one gather and one load; otherwise per layer)."""
     local = gather_for_engine(params, mesh, engine.devices, one_call=one_call, dtype=engine.dtype)
+    load_into_engine(engine, local, one_call=one_call)
+
+
+def load_into_engine(engine: Engine, params, *, one_call: bool) -> None:
+    """O4's load (Table B1): a full replica into the engine in one call, else layer by layer;
+    returns once the engine holds it (`publish` under co, d_L on a da rollout host)."""
     if one_call:
-        engine.load_weights(local)
+        engine.load_weights(params)
     else:
-        engine.load_weights_per_layer(local)
+        engine.load_weights_per_layer(params)
     jax.block_until_ready(engine.params)
 
 

@@ -42,7 +42,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.dataset.task import Tokenizer
+from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -57,6 +57,8 @@ from locoexp.placement.launch import free_port, host_port, initialize_distribute
 from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
+from locoexp.placement.phases import load_into_engine
+from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 
 
@@ -70,14 +72,14 @@ def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
 
 
 class _Actor:
-    """O2 (Table B1) in an actor: gc frozen once its first (warm-up) call has run."""
+    """O2 (Table B1) in an actor: gc frozen once its warm-up calls (`metrics.steady`) ran."""
 
     freeze_after_warmup: bool = False
     calls: int = 0
 
     def _count_call(self) -> None:
         self.calls += 1
-        if self.calls == 2 and self.freeze_after_warmup:
+        if self.calls == WARMUP_STEPS + 1 and self.freeze_after_warmup:
             freeze_gc()
 
 
@@ -183,11 +185,7 @@ def load_from_object_store(engine, published: Published, *, template, one_call: 
     """dL: fetch `published` and load it into the engine (O4: in one call, else per layer).
     `template` is the engine's parameter tree as shapes, filled in place."""
     nnx.replace_by_pure_dict(template, ray.get(published.weights))
-    if one_call:
-        engine.load_weights(template)
-    else:
-        engine.load_weights_per_layer(template)
-    jax.block_until_ready(engine.params)
+    load_into_engine(engine, template, one_call=one_call)
 
 
 @dataclasses.dataclass(kw_only=True)

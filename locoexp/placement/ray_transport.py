@@ -37,7 +37,6 @@ import ray
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.dataset.task import Tokenizer
 from locoexp.errors import RunFailed
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
@@ -54,6 +53,7 @@ from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.ray_hosts import Hosts, start_hosts, start_ray
 from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
+from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
 # ran a call: Ray raises OutOfMemoryError for that call, which is not a RayActorError.

@@ -11,6 +11,7 @@ import dataclasses
 
 from locoexp.algo.config import AdvantageKind, AlgoConfig
 from locoexp.dataset.config import DatasetConfig
+from locoexp.metrics.steady import SteadyWindow, steady_window
 from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import OptConfig
 from locoexp.rollout.config import RolloutConfig, SamplingParams
@@ -46,8 +47,16 @@ class LoopPlan:
     eval_target: float
     chips: int
     chip_hour_price_usd: float
-    warmup_steps: int = 1
     start_step: int = 0  # a resumed run's first step (the restored checkpoint's next step)
+    # the prompt order's passes, which place Appendix A's steady window (`metrics.steady`)
+    batches_per_pass: int | None = None
+    passes: int = 1
+
+    @property
+    def steady(self) -> SteadyWindow:
+        return steady_window(
+            steps=self.steps, batches_per_pass=self.batches_per_pass, passes=self.passes
+        )
 
     def evaluates_after(self, updates: int) -> bool:
         every = self.eval_every_steps

@@ -18,11 +18,11 @@ from typing import Protocol, TypeVar
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.dataset.task import Tokenizer
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import HalfReport, Published, TrainResult
 from locoexp.placement.multihost import HostGroup
+from locoexp.tokenizer.protocol import Tokenizer
 
 PendingRollout = TypeVar("PendingRollout")  # a batch in flight (a RolloutBatch in-process)
 Batches = TypeVar("Batches")  # what the trainer half is handed (batches, or their Ray refs)

@@ -117,6 +117,8 @@ def build_loop_plan(config: Config, *, staleness: int) -> LoopPlan:
         eval_target=c.eval_target,
         chips=c.hardware.chips,
         chip_hour_price_usd=c.hardware.chip_hour_price_usd,
+        batches_per_pass=c.dataset.batches_per_pass,
+        passes=c.dataset.passes,
     )
 
 

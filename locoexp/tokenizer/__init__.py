@@ -1,6 +1,6 @@
 """Tokenizers for the real workloads: Qwen3's, offline (`qwen3`), or a checkpoint's own (`hf`).
 
-Both satisfy `locoexp.dataset.task.Tokenizer` and add `render_chat(messages, *,
+Both satisfy `locoexp.tokenizer.protocol.Tokenizer` and add `render_chat(messages, *,
 add_generation_prompt, thinking) -> str`, the model family's chat template.
 """
 

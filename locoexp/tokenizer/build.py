@@ -3,7 +3,7 @@
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from locoexp.dataset.task import Tokenizer
+from locoexp.tokenizer.protocol import Tokenizer
 
 
 class ChatTokenizer(Tokenizer, Protocol):

@@ -7,7 +7,8 @@ must load the tokenizer the policy was trained with:
   ranks converted by transformers' `TikTokenConverter`, the 26 control tokens at their ids (the
   `special` flags of Qwen3's tokenizer_config.json: `<tool_call>` onwards are not special), eos
   `<|im_end|>` and Qwen3's chat template;
-- the synthetic task's digit tokenizer becomes a word-level tokenizer over single characters.
+- the synthetic task's digit tokenizer becomes a word-level tokenizer over single characters;
+- W1's id tokenizer becomes a word-level tokenizer whose words are the ids in decimal.
 
 This module only writes files; it never downloads and never changes how a run tokenizes.
 """
@@ -16,8 +17,9 @@ import functools
 import json
 from pathlib import Path
 
-from locoexp.dataset.synthetic import BOS, DIGIT0, EOS, PAD, SEP, DigitTokenizer
+from locoexp.tokenizer.digits import BOS, DIGIT0, EOS, PAD, SEP, DigitTokenizer
 from locoexp.tokenizer.hf import HFTokenizer
+from locoexp.tokenizer.ids import IdTokenizer
 from locoexp.tokenizer.qwen3 import (
     CONTROL_TOKENS,
     QWEN3_CHAT_TEMPLATE_FILE,
@@ -38,6 +40,8 @@ def write_tokenizer_files(tokenizer, directory: str | Path) -> None:
             _qwen3_hf_tokenizer().save_pretrained(str(directory))
         case DigitTokenizer():
             _write_digit_tokenizer(tokenizer, directory)
+        case IdTokenizer():
+            _write_id_tokenizer(tokenizer, directory)
         case _:
             raise TypeError(f"no Hugging Face tokenizer files for {type(tokenizer).__name__}")
 
@@ -86,6 +90,26 @@ def _write_digit_tokenizer(tokenizer: DigitTokenizer, directory: Path) -> None:
         "bos_token": "<bos>",
         "eos_token": "<eos>",
         "pad_token": "<pad>",
+        "model_max_length": 1 << 20,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _write_id_tokenizer(tokenizer: IdTokenizer, directory: Path) -> None:
+    """Every id is the word of its decimal digits, words split at whitespace, as IdTokenizer."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({str(i): i for i in range(tokenizer.vocab_size)}, "0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pad, eos = str(tokenizer.pad_id), str(tokenizer.eos_id)
+    # whole words only: the eos id "1" is not the first digit of "17"
+    tok.add_special_tokens([AddedToken(t, single_word=True, special=True) for t in (pad, eos)])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "pad_token": pad,
         "model_max_length": 1 << 20,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
