@@ -113,7 +113,8 @@ class AdmissionRendezvous:
     after `deadline_s`. Every other submission of a host then follows every other host's first,
     so the admission logs' overlap holds by construction, whatever the machine's load.
 
-    Honoured by each admitting host when `LOCOEXP_ADMISSION_RENDEZVOUS` names a folder
+    Honoured by the admitting host processes of `co` and `single_controller` (not yet by `da`'s
+    rollout actors) when `LOCOEXP_ADMISSION_RENDEZVOUS` names a folder
     (tests/test_admission_placement.py); unset, nothing waits."""
 
     folder: Path
