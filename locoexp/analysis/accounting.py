@@ -127,8 +127,10 @@ def eq4_periods_verdict(terms: Eq4Terms) -> dict:
 
 def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Terms:
     """Eq. 4's terms measured from a co run and a da run (medians over steady steps; slowest
-    host per phase as logged). tau is the residual lambda_DA - max{...}; A is 0 (the driver
-    waits for every rollout host each step: staleness absorbs no straggler wait here)."""
+    host per phase as logged, so D_R(H_r) is the synchronous schedule's). A is the da run's
+    `timing/straggler_absorbed_s` (the slowest host's rollout time its hosts at their own pace
+    did not wait for; 0 for a run recorded before they were), tau the residual
+    lambda_DA - (max{...} - A)."""
 
     def term(run: Run, *phases: str) -> float:
         values = [steady_median(run, f"timing/{p}_s", override=steady) for p in phases]
@@ -142,6 +144,7 @@ def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Te
         dt_ht=term(da, "transfer", "pack", "train"),
         dpub=term(da, "publish"),
         dl=term(da, "load"),
+        a=steady_median(da, "timing/straggler_absorbed_s", override=steady) or 0.0,
     )
     measured = steady_median(da, "timing/step_s", override=steady) or 0.0
     return dataclasses.replace(terms, tau=measured - terms.lambda_da)

@@ -14,6 +14,7 @@ from locoexp.dataset.config import DatasetConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import OptConfig
 from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.straggler import StragglerConfig
 from locoexp.trainer.config import TrainerConfig
 
 
@@ -31,6 +32,7 @@ class StepSettings:
     advantage_eps: float
     opt: OptConfig
     seed: int = 0
+    straggler: StragglerConfig = dataclasses.field(default_factory=StragglerConfig)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
