@@ -101,6 +101,24 @@ class Config:
             )
         self._check_placement()
         self._check_placement_keys()
+        self._check_straggler()
+
+    def _check_straggler(self) -> None:
+        """`rollout.straggler.host` names one of the run's rollout hosts: every host under co,
+        the single controller's one process, the rollout hosts under da."""
+        host, hosts, kind = self.rollout.straggler.host, self.hardware.hosts, self.placement.kind
+        match kind:
+            case PlacementKind.da:
+                rollout_hosts = hosts - (trainer_hosts(self.split, hosts) or 0)
+            case PlacementKind.single_controller:
+                rollout_hosts = 1
+            case PlacementKind.co:
+                rollout_hosts = hosts
+        require(
+            host is None or host < rollout_hosts,
+            f"rollout.straggler.host={host} is not one of the {rollout_hosts} rollout hosts of "
+            f"placement={kind.value} (valid: 0..{rollout_hosts - 1}, or null for a seeded draw).",
+        )
 
     def _check_placement(self) -> None:
         """Split and batch shapes per placement: whole GRPO groups per rollout host."""
@@ -161,8 +179,8 @@ class Config:
         - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
           group; refused on a TPU slice under co and single_controller, whose coordinator the
           cluster names.
-        - `placement.ray_address`, `placement.rollout_restarts`: da only (their defaults
-          elsewhere).
+        - `placement.ray_address`, `placement.rollout_restarts`, `placement.max_staleness`: da
+          only (their defaults elsewhere; co and single_controller are on-policy).
         - `rollout.release_weights_during_training`: co, single_controller (the engine shares
           the trainer's devices); refused under da."""
         kind = self.placement.kind
@@ -184,6 +202,12 @@ class Config:
         require(
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
+        )
+        require(
+            self.placement.max_staleness >= 1
+            and (kind is PlacementKind.da or self.placement.max_staleness == 1),
+            f"placement.max_staleness={self.placement.max_staleness} must be a positive integer "
+            "and only applies to placement=da (co and single_controller train on-policy).",
         )
         require(
             self.placement.rollout_restarts >= 0,

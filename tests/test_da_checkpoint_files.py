@@ -63,6 +63,7 @@ def _result(step: int, schedule: PromptSchedule) -> TrainResult:
         published=None,
         example_ids=tuple(int(i) for i in schedule.batch(step)),
         versions=(step,),
+        windows=(Window(0.0, 1.0),),
         exchanged=None,
         report=HalfReport({}, Window(0.0, 1.0)),
     )

@@ -135,9 +135,11 @@ def eq4_terms_from_runs(co: Run, da: Run, *, steady: str | None = None) -> Eq4Te
 
 def eq4_terms_from_steps(co: Sequence[dict], da: Sequence[dict]) -> Eq4Terms:
     """Eq. 4's terms from the steady step records of a co and a da run (medians; slowest host
-    per phase as logged): D_R = admission + generation + reward, D_T = (transfer +) pack +
-    train, d_pub = publish, d_L = load. tau is the residual lambda_DA - max{...}; A is 0 (the
-    driver waits for every rollout host each step: staleness absorbs no straggler wait here)."""
+    per phase as logged, so D_R(H_r) is the synchronous schedule's): D_R = admission +
+    generation + reward, D_T = (transfer +) pack + train, d_pub = publish, d_L = load. A is the
+    da run's `timing/straggler_absorbed_s` (the slowest host's rollout time its hosts at their
+    own pace did not wait for; 0 for a run recorded before they were), tau the residual
+    lambda_DA - (max{...} - A)."""
 
     def term(steps: Sequence[dict], *phases: str) -> float:
         values = [_median(steps, f"timing/{p}_s") for p in phases]
@@ -151,6 +153,7 @@ def eq4_terms_from_steps(co: Sequence[dict], da: Sequence[dict]) -> Eq4Terms:
         dt_ht=term(da, "transfer", "pack", "train"),
         dpub=term(da, "publish"),
         dl=term(da, "load"),
+        a=_median(da, "timing/straggler_absorbed_s") or 0.0,
     )
     measured = _median(da, "timing/step_s") or 0.0
     return dataclasses.replace(terms, tau=measured - terms.lambda_da)

@@ -5,7 +5,11 @@ The paper's accounting explains measured steps and predicts none (Appendix C, "S
 terms come from `co` runs only: D_R and D_T at H hosts, and at fewer hosts where a `co` run at
 that host count is given; otherwise they are scaled by H / H_r (rollout) and H / H_t (training),
 the work being spread over fewer hosts. d_pub and d_L are taken as the `co` run's publication
-(the weight gather plus the engine load) unless given; A = 0 and tau as given (default 0).
+(the weight gather plus the engine load) unless given; tau as given (default 0). A, the
+straggler wait that staleness absorbs, is the real `da` run's measured one where given, else
+the `co` run's straggler lead (`timing/straggler_s`: the slowest rollout host over the mean)
+scaled by H / H_r like D_R: a da schedule whose hosts run at their own pace does not wait for
+it.
 Every prediction is printed with its error against a real `da` run of the same hosts and split
 when one is given, and says "unmeasured" otherwise: the error is never assumed.
 This module never imports jax.
@@ -84,6 +88,8 @@ def predict_splits(
         dr_hr = _rollout(rollout_run, steady) if rollout_run else dr_h * hosts / hr
         dt_ht = _training(train_run, steady) if train_run else dt_h * hosts / ht
         real = _matching_da(da_runs, hosts=hosts, trainer_hosts=ht)
+        absorbed = None if real is None else steady_median(real, "timing/straggler_absorbed_s")
+        lead = steady_median(top, "timing/straggler_s", override=steady) or 0.0
         terms = Eq4Terms(
             dr_h=dr_h,
             dt_h=dt_h,
@@ -92,7 +98,7 @@ def predict_splits(
             dt_ht=dt_ht,
             dpub=dpub,
             dl=dpub if dl is None else dl,
-            a=0.0,
+            a=lead * hosts / hr if absorbed is None else absorbed,
             tau=tau,
         )
         predictions.append(
@@ -102,7 +108,8 @@ def predict_splits(
                 rollout_hosts=hr,
                 terms=terms,
                 basis=f"D_R {'measured' if rollout_run else 'scaled'}, "
-                f"D_T {'measured' if train_run else 'scaled'}",
+                f"D_T {'measured' if train_run else 'scaled'}, "
+                f"A {'scaled from co' if absorbed is None else 'measured'}",
                 measured_s=None if real is None else steady_median(real, "timing/step_s"),
                 da_run=None if real is None else str(real.run_dir),
             )

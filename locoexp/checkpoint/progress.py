@@ -23,12 +23,16 @@ class TrainedBatch:
     step: int
     example_ids: tuple[int, ...]
     weight_versions: tuple[int, ...]
+    # each share's generation, (start, end) wall time on its rollout host: hosts at their own
+    # pace start batch t+1 before others finish batch t
+    rollout_windows: tuple[tuple[float, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "example_ids": list(self.example_ids),
             "weight_versions": list(self.weight_versions),
+            "rollout_windows": [list(w) for w in self.rollout_windows],
         }
 
 
@@ -57,6 +61,7 @@ def ledger_row(data: dict[str, Any]) -> LedgerRow:
         step=data["step"],
         example_ids=tuple(data["example_ids"]),
         weight_versions=tuple(data["weight_versions"]),
+        rollout_windows=tuple(tuple(w) for w in data.get("rollout_windows", ())),
     )
 
 

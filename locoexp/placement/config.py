@@ -18,6 +18,11 @@ class PlacementConfig:
     # `max_restarts`); the driver then regenerates the lost batch. A host that dies once more
     # ends the run. Trainer hosts are never restarted (their state is the checkpoint's).
     rollout_restarts: int = 3
+    # placement=da: the staleness bound s (Eq. 4's "one-step-stale schedule"; the paper's is 1).
+    # Batch t may be sampled with the weights of any update >= t - s, so each rollout host starts
+    # its share of batch t as soon as its share of t-1 is done and those weights are published,
+    # never waiting for the other rollout hosts: a slow host holds nobody back (Section 4.4).
+    max_staleness: int = 1
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -33,6 +33,7 @@ from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.settings import StepSettings
 from locoexp.rollout.protocol import Engine
 from locoexp.rollout.requests import RequestQueue
+from locoexp.rollout.straggler import injected_delay_s
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.packing import PackedBatch, count_rows, pack_sequences
 from locoexp.trainer.trainer import Trainer
@@ -83,6 +84,8 @@ class TrainResult:
     published: Published | None  # None on a trainer host that does not publish (da, not leader)
     example_ids: tuple[int, ...]  # the prompts of every batch this step consumed
     versions: tuple[int, ...]  # the weight version of each of those batches
+    # when each of those batches was generated (its rollout host's load to reward)
+    windows: tuple[Window, ...]
     # O1: every host's record of the previous step, brought back by this step's row exchange
     exchanged: list[dict] | None
     report: HalfReport
@@ -128,8 +131,17 @@ class RolloutHalf:
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):
+            generation_start = time.perf_counter()
             rollout = phases.generate(
                 self.engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+            )
+            injected = injected_delay_s(
+                s.straggler,
+                step=step,
+                host=self.host,
+                hosts=self.hosts,
+                seed=s.seed,
+                generation_s=time.perf_counter() - generation_start,
             )
         if self.admission_log is not None:
             self.admission_log.write(step, admitted.record)
@@ -144,6 +156,9 @@ class RolloutHalf:
             "timing/head_interval_s": head_interval_s,
             **decode_metrics(rollout),
             "rollout/weight_version": self.version,
+            "rollout/injected_delay_s_max": injected,  # rollout.straggler: the slowed host's
+            # this host's share of the step, load to reward: the straggler is the slowest (loop)
+            "timing/rollout_host_s": time.time() - start,
         }
         return RolloutBatch(
             step=step,
@@ -219,6 +234,7 @@ class TrainerHalf:
             published=published,
             example_ids=tuple(i for b in batches for i in b.example_ids),
             versions=tuple(b.weight_version for b in batches),
+            windows=tuple(b.report.window for b in batches),
             exchanged=exchanged,
             report=HalfReport(metrics, Window(start, time.time())),
         )

@@ -9,7 +9,8 @@ builder. Jax-free.
   it admits every request itself and its engine is one lockstep program over all devices;
   staleness 0. The same halves and loop as `co`, in one process.
 - `da` (LoCoJAX-DA): one Ray actor per host; split x H hosts train as their own
-  `jax.distributed` group, the others generate one step stale (staleness 1).
+  `jax.distributed` group, the others generate at most `placement.max_staleness` steps stale
+  (the paper's 1), each at its own pace within that bound.
 """
 
 import dataclasses
@@ -26,7 +27,8 @@ class Layout:
     trainer_hosts: int
     rollout_hosts: int
     hosts_per_engine: int  # 1: host-local engines (LoCoJAX); H: one lockstep engine over all
-    staleness: int  # steps between the weights that sample a batch and the update it feeds
+    # the staleness bound s: batch t samples with the weights of an update >= t - s (0: on-policy)
+    staleness: int
     cpu: bool  # hardware=cpu: hosts are local processes (or actors) with CPU devices
     # Where the processes meet: the jax.distributed coordinator (0: a free port) and the
     # interface every listening socket binds to (None: all; loopback for a local run).
@@ -84,6 +86,7 @@ def build_layout(
     hosts: int,
     devices_per_host: int,
     split: float | None = None,
+    max_staleness: int = 1,
     cpu: bool = True,
     **meeting,
 ) -> Layout:
@@ -95,7 +98,7 @@ def build_layout(
         case PlacementKind.single_controller:
             per_engine = hosts
         case PlacementKind.da:
-            trainer_hosts, staleness = round((split or 0) * hosts), 1
+            trainer_hosts, staleness = round((split or 0) * hosts), max_staleness
     return Layout(
         kind=kind,
         hosts=hosts,

@@ -1,5 +1,6 @@
 """`BatchLedger`: under `placement=da`, each step's batch is trained exactly once with exactly
-its scheduled prompts, and every rollout host restart is recorded (`batches.jsonl`).
+its scheduled prompts and weights no more than `placement.max_staleness` updates old, and every
+rollout host restart is recorded (`batches.jsonl`).
 
 Rows are typed (`checkpoint.progress.TrainedBatch`, `RolloutRestart`); a checkpoint carries
 them in its `RunProgress`, and a resumed run's ledger starts from them (the file is rewritten to
@@ -22,9 +23,11 @@ class BatchLedger:
         example_ids: list[int],
         path: Path,
         *,
+        max_staleness: int = 1,
         rows: tuple[LedgerRow, ...] = (),
     ):
         self.schedule, self.example_ids = schedule, example_ids
+        self.max_staleness = max_staleness
         self.rows: list[LedgerRow] = []
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("w", encoding="utf-8")
@@ -44,8 +47,18 @@ class BatchLedger:
                 f"step {step}: trained prompts {sorted(trained_ids)} are not batch {step}'s "
                 f"{sorted(scheduled)} exactly once (already trained: {step in self.trained})"
             )
+        oldest = step - self.max_staleness  # the trainer has applied `step` updates
+        if min(result.versions) < oldest:
+            raise RuntimeError(
+                f"step {step}: trained a batch sampled with weights of update "
+                f"{min(result.versions)}, older than placement.max_staleness="
+                f"{self.max_staleness} allows (>= {oldest})"
+            )
         row = TrainedBatch(
-            step=step, example_ids=tuple(trained_ids), weight_versions=tuple(result.versions)
+            step=step,
+            example_ids=tuple(trained_ids),
+            weight_versions=tuple(result.versions),
+            rollout_windows=tuple((w.start, w.end) for w in result.windows),
         )
         self._write(row)
 

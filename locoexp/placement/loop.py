@@ -8,9 +8,12 @@ Design note.
   halves in this process and every host runs this loop (`co`: one process per host, its own
   share; `single_controller`: one process over every device); `RayActors` (`ray_transport.py`):
   Ray actors wrap the same halves and only the driver runs this loop (`da`).
-- Staleness s: batch t is sampled with the weights published after step t-1-s. s=0 (`co`,
-  `single_controller`): batch t starts after update t-1 is published, on-policy. s=1 (`da`):
-  batch t+1 starts while step t trains, with the weights of step t-1; the loss importance-weights
+- Staleness s (`placement.max_staleness` under `da`, the paper's 1): batch t is sampled with the
+  weights of an update >= t-s; before step t trains, every batch through t+s is started with the
+  newest weights (those after update t). s=0 (`co`, `single_controller`): batch t starts after
+  update t-1 is published, on-policy. s=1 (`da`): batch t+1 is handed to the rollout hosts before
+  batch t is collected, each host starting its share once its share of t is done (no host waits
+  for another: the straggler wait that staleness absorbs, Eq. 4's A); the loss importance-weights
   it by its behaviour log-probs (`algo.tis_cap`).
 - Where the levers act (Table B1): O1 in the trainer half's row exchange (`multihost.exchange_rows`
   carries step t's per-host record instead of a collective of its own; refused under `da`, whose
@@ -156,15 +159,15 @@ class StepLoop:
         self.clock = LoopClock(start_time=start_time, offset_s=clock_offset_s)
         self.records: list[dict] = []
         self.published = published
-        self.pending = None  # the next batch's rollout, once started
+        self.pending: dict[int, Any] = {}  # batches started and not yet trained, by step
+        self.started = plan.start_step - 1  # the newest batch started
+        self.batch_end: float | None = None  # when the last batch trained was complete
         self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
         self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
 
     def run(self) -> list[dict]:
         try:
             first = self.plan.start_step
-            if self.plan.staleness:
-                self.pending = self.transport.start_rollout(first, self.published)
             for step in range(first, self.plan.steps):
                 if step == first + WARMUP_STEPS and self.plan.freeze_gc:
                     freeze_gc()
@@ -180,19 +183,15 @@ class StepLoop:
         return self.records
 
     def _step(self, step: int) -> None:
-        t, timer, last = self.transport, self.timer, step + 1 == self.plan.steps
+        t, timer = self.transport, self.timer
         with self.profiler.capture(step):
             with timer.step():
-                if not self.plan.staleness:
-                    self.pending = t.start_rollout(step, self.published)
-                reports, batches = t.collect_rollout(self.pending, timer)
+                self._start_rollouts(step)
+                reports, batches = t.collect_rollout(self.pending.pop(step), timer)
                 carried = (
                     self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
                 )
                 training = t.start_train(step, batches, carried=carried)
-                self.pending = None
-                if self.plan.staleness and not last:
-                    self.pending = t.start_rollout(step + 1, self.published)
                 results = t.collect_train(training, timer)
                 with timer.phase("log"):
                     self._emit(results[0].exchanged, next_reports=reports)
@@ -206,6 +205,7 @@ class StepLoop:
         self.published = results[0].published
         record = {
             "step": step,
+            **(self._absorbed(reports) if self.plan.staleness else {}),
             **combine_host_metrics([r.metrics for r in reports]),
             **combine_host_metrics([r.report.metrics for r in results]),
             **timer.metrics(),
@@ -213,6 +213,30 @@ class StepLoop:
             "time/elapsed_s": self.clock.elapsed_s(),
         }
         self.previous = (record, results)
+
+    def _absorbed(self, reports: list[HalfReport]) -> dict[str, float]:
+        """Eq. 4's A for batch t (staleness s > 0): how much of its slowest host's rollout time
+        the schedule did not wait for. A synchronous schedule starts batch t when batch t-1 is
+        complete on every host and ends it a slowest-host's time later; here each host starts
+        its share when its own previous share is done, so batch t completes
+        `end(t) - end(t-1)` after batch t-1: A = max(0, slowest - that). Clocks are the hosts'
+        wall clocks (one machine, or synchronised machines)."""
+        end = max(r.window.end for r in reports)
+        slowest = max(r.window.end - r.window.start for r in reports)
+        previous, self.batch_end = self.batch_end, end
+        waited = slowest if previous is None else end - previous
+        return {"timing/straggler_absorbed_s": max(0.0, slowest - waited)}
+
+    def _start_rollouts(self, step: int) -> None:
+        """Start every batch the staleness bound s lets start before step `step` trains: batches
+        through `step` + s, sampled with the newest published weights (those after update
+        `step`, so no batch is more than s updates stale). s = 0: batch `step` alone, on-policy.
+        Under `da` each rollout host queues its shares and starts each one as soon as its own
+        previous share is done, whatever the other hosts' pace (Section 4.4)."""
+        last = min(step + self.plan.staleness, self.plan.steps - 1)
+        for batch in range(self.started + 1, last + 1):
+            self.pending[batch] = self.transport.start_rollout(batch, self.published)
+        self.started = max(self.started, last)
 
     def _emit(self, exchanged: list[dict] | None, *, next_reports=None) -> None:
         """Step t's record: every host's (O1: `exchanged` from the row exchange; otherwise a
@@ -227,9 +251,11 @@ class StepLoop:
         record["timing/host_orchestration_share"] = (
             record["timing/host_orchestration_s"] / record["timing/step_s"]
         )
+        record.update(straggler(record))
         if self.plan.staleness:
-            if next_reports is None and self.pending is not None:
-                next_reports, _ = self.transport.collect_rollout(self.pending, None)
+            following = self.pending.get(record["step"] + 1)
+            if next_reports is None and following is not None:
+                next_reports, _ = self.transport.collect_rollout(following, None)
             record.update(overlap(trained, next_reports))
         self.records.append(record)
         if self.output is not None:
@@ -283,6 +309,14 @@ def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -
         r_end = max(r.window.end for r in next_reports)
         seconds = max(0.0, min(end, r_end) - max(start, r_start))
     return {"timing/overlap_s": seconds, "timing/overlap_share": seconds / max(end - start, 1e-9)}
+
+
+def straggler(record: dict) -> dict[str, float]:
+    """The slowest rollout host's lead over the mean host (Section 4.4: 38% to 55% of the step
+    at 128 chips) and its share of the step, from every host's `timing/rollout_host_s`."""
+    slowest = record.get("timing/rollout_host_s", 0.0)
+    lead = slowest - record.get("timing/rollout_host_s_mean", slowest)
+    return {"timing/straggler_s": lead, "timing/straggler_share": lead / record["timing/step_s"]}
 
 
 def summarize(records: list[dict], window: SteadyWindow, *, staleness: int) -> dict[str, float]:

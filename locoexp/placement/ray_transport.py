@@ -71,6 +71,9 @@ class PendingRollout:
     step: int
     published: Published
     calls: list[Refs]
+    # each host's restarts (this attempt) when its call was made: a call made before a restart
+    # that another call already reported is redone without counting that restart again
+    incarnations: list[int]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -79,22 +82,30 @@ class RayActors:
     ledger: BatchLedger
     run_dir: Path
     rollout_restarts: int  # placement.rollout_restarts: each rollout host's restart budget
-    # a resumed run's saved next batch, by step: trained without sampling it again
+    staleness: int  # placement.max_staleness: batches started ahead of the trainer
+    # a resumed run's saved next batches, by step: trained without sampling them again
     restored: dict[int, list[RolloutBatch]] = dataclasses.field(default_factory=dict)
-    latest: PendingRollout | None = None  # the newest batch started (what a checkpoint saves)
+    # batches started and not yet trained, by step (what a checkpoint saves)
+    in_flight: dict[int, PendingRollout] = dataclasses.field(default_factory=dict)
     # restarts per rollout host in this attempt (Ray's budget is per actor; the ledger's rows
     # also hold an earlier attempt's)
     restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout:
-        """Batch `step` on every rollout host (or from a resumed run's checkpoint)."""
+        """Batch `step` on every rollout host (or from a resumed run's checkpoint). Each host
+        queues the call and starts it once its earlier calls are done (an actor runs its calls
+        in order), whatever the other hosts' pace."""
         saved = self.restored.pop(step, None)
         if saved is None:
             calls = [self._generate(host, step, published) for host in self._rollout_hosts()]
         else:
             calls = [(ray.put(b.report), ray.put(b)) for b in saved]
-        self.latest = PendingRollout(step=step, published=published, calls=calls)
-        return self.latest
+        incarnations = [self.restarted[host] for host in self._rollout_hosts()]
+        pending = PendingRollout(
+            step=step, published=published, calls=calls, incarnations=incarnations
+        )
+        self.in_flight[step] = pending
+        return pending
 
     def _rollout_hosts(self) -> range:
         return range(len(self.hosts.rollouts))
@@ -123,8 +134,14 @@ class RayActors:
             try:
                 return ray.get(pending.calls[host][0])
             except HOST_LOST as error:
-                version = pending.published.version
-                self._await_restart(host, error, step=pending.step, what="batch", version=version)
+                if pending.incarnations[host] < self.restarted[host]:  # queued on a lost process
+                    wait_restarted(self.hosts.rollouts[host])
+                else:
+                    version = pending.published.version
+                    self._await_restart(
+                        host, error, step=pending.step, what="batch", version=version
+                    )
+                pending.incarnations[host] = self.restarted[host]
                 pending.calls[host] = self._generate(host, pending.step, pending.published)
 
     def _await_restart(self, host: int, error: Exception, *, step: int, what: str, version: int):
@@ -153,6 +170,7 @@ class RayActors:
         with timer.phase("trainer_round"):
             results = self._from_trainers(refs, during=f"step {step}")
         self.ledger.record(results[0])
+        self.in_flight.pop(step, None)
         return results
 
     def _from_trainers(self, refs: list, *, during: str) -> list:
@@ -196,13 +214,15 @@ class RayActors:
         return DRIVER
 
     def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
-        """The checkpoint after `progress.next_step` updates: the next batch when it is already
-        generated (`saved_batches`), then every trainer host's shards, the weight version and
-        the ledger (`checkpoints` is the driver's; the trainer hosts write their own)."""
-        updates, latest = progress.next_step, self.latest
-        if latest is not None and latest.step == updates:
-            _, refs = self.collect_rollout(latest, None)
-            save_batches(self.run_dir, updates, ray.get(refs))
+        """The checkpoint after `progress.next_step` updates: the batches already started
+        (`saved_batches`: sampled with weights no later checkpoint holds), then every trainer
+        host's shards, the weight version and the ledger (`checkpoints` is the driver's; the
+        trainer hosts write their own)."""
+        updates = progress.next_step
+        for step, pending in sorted(self.in_flight.items()):
+            if step >= updates:
+                _, refs = self.collect_rollout(pending, None)
+                save_batches(self.run_dir, step, ray.get(refs))
         progress = dataclasses.replace(
             progress, weight_version=updates, ledger=tuple(self.ledger.rows)
         )
@@ -222,9 +242,10 @@ class RayActors:
         step, run_dir = progress.next_step, str(self.run_dir.resolve())
         calls = [t.restore_checkpoint.remote(run_dir, step) for t in self.hosts.trainers]
         published = self._from_trainers(calls, during=f"the restore of step {step}")[0]
-        saved = load_batches(self.run_dir, step)
-        if saved is not None:
-            self.restored[step] = saved
+        for batch in range(step, step + self.staleness):
+            saved = load_batches(self.run_dir, batch)
+            if saved is not None:
+                self.restored[batch] = saved
         return published
 
     def export(self, directory: Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
@@ -291,7 +312,11 @@ def ray_actors(
             freeze=freeze_gc,
         )
         yield RayActors(
-            hosts=hosts, ledger=ledger, run_dir=run_dir, rollout_restarts=layout.rollout_restarts
+            hosts=hosts,
+            ledger=ledger,
+            run_dir=run_dir,
+            rollout_restarts=layout.rollout_restarts,
+            staleness=layout.staleness,
         )
     except ray.exceptions.RayError:
         dead = dead_trainer(hosts.trainers)

@@ -15,6 +15,7 @@ from locoexp.metrics.steady import SteadyWindow, steady_window
 from locoexp.model.config import DType, ModelConfig
 from locoexp.placement.config import OptConfig
 from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.straggler import StragglerConfig
 from locoexp.trainer.config import TrainerConfig
 
 
@@ -32,6 +33,7 @@ class StepSettings:
     advantage_eps: float
     opt: OptConfig
     seed: int = 0
+    straggler: StragglerConfig = dataclasses.field(default_factory=StragglerConfig)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

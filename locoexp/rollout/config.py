@@ -5,6 +5,7 @@ import enum
 
 from locoexp.errors import require
 from locoexp.model.config import DType
+from locoexp.rollout.straggler import StragglerConfig
 
 
 class EngineKind(enum.Enum):
@@ -48,6 +49,9 @@ class RolloutConfig:
     # The plan then counts no engine weights in the train step. Refused under placement=da,
     # whose engines never share devices with the trainer.
     release_weights_during_training: bool = False
+    # Stragglers made on purpose: one rollout host per step slowed by a time or a factor (Eq. 4's
+    # A, which the paper simulated; `rollout/straggler.py`), every placement and engine.
+    straggler: StragglerConfig = dataclasses.field(default_factory=StragglerConfig)
 
     # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is data-parallel over
     # its devices / tensor_parallel and sizes its cache per wave, so it refuses these.

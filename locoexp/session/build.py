@@ -42,6 +42,7 @@ def build_layout_of(config: Config) -> Layout:
         hosts=hw.hosts,
         devices_per_host=hw.devices_per_host,
         split=config.split,
+        max_staleness=placement.max_staleness,
         cpu=hw.chip is ChipKind.cpu,
         **meeting,
     )
@@ -141,6 +142,7 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
         advantage_eps=config.algo.advantage_eps,
         opt=config.opt,
         seed=config.seed,
+        straggler=config.rollout.straggler,
     )
 
 

@@ -108,7 +108,8 @@ def open_transport(
     restored = survival.restored
     ids = [e.id for e in task.train]
     rows = restored.ledger if restored else ()
-    ledger = BatchLedger(schedule, ids, run_dir / "batches.jsonl", rows=rows)
+    path, bound = run_dir / "batches.jsonl", spec.layout.staleness
+    ledger = BatchLedger(schedule, ids, path, max_staleness=bound, rows=rows)
     with ray_actors(
         spec.layout,
         build_rollout=functools.partial(build_actor_rollout_half, halves, schedule=schedule),
