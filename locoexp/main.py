@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
 from locoexp.checkpoint.export import policy_directory
 from locoexp.checkpoint.session import RunSurvival
@@ -138,6 +139,7 @@ def plan_setup(config: Config) -> Setup:
         dataset=c.dataset,
         trainer=c.trainer,
         roles=placement_roles(c),
+        adapter=c.adapter,
     )
 
 
@@ -395,6 +397,7 @@ def da_factories(config: Config, schedule: PromptSchedule) -> dict[str, Any]:
         model=config.model,
         algo=config.algo,
         trainer=config.trainer,
+        adapter=config.adapter,
         sampler_dtype=sampler_dtype(config),
         settings=settings,
     )
@@ -452,7 +455,14 @@ def build_in_process(
     releases = config.rollout.release_weights_during_training  # Table H2's 405B workaround
     release = rollout.engine.release_weights if releases else None
     trainer = build_trainer_half(
-        policy, config.algo, config.trainer, group=hosts, publish=publish, release=release, **where
+        policy,
+        config.algo,
+        config.trainer,
+        adapter=config.adapter,
+        group=hosts,
+        publish=publish,
+        release=release,
+        **where,
     )
     return InProcess(rollout=rollout, trainer=trainer, hosts=hosts)
 
@@ -472,13 +482,16 @@ def build_rollout_half(
     return RolloutHalf(task=task, engine=engine, load=load, **half)
 
 
-def build_trainer_half(policy, algo: AlgoConfig, trainer: TrainerConfig, **half) -> TrainerHalf:
+def build_trainer_half(
+    policy, algo: AlgoConfig, trainer: TrainerConfig, *, adapter: AdapterConfig, **half
+) -> TrainerHalf:
     """The trainer half over every device of this process's `jax.distributed` group."""
     s, mesh = half["settings"], Mesh(np.array(jax.devices()), ("fsdp",))
     temperature, max_new = s.sampling.temperature, s.max_new_tokens
     policy_trainer = Trainer(
-        policy, algo, trainer, mesh=mesh, temperature=temperature, max_new_tokens=max_new
-    )
+        policy, algo, trainer, mesh=mesh, temperature=temperature, max_new_tokens=max_new,
+        adapter=adapter,
+    )  # fmt: skip
     return TrainerHalf(trainer=policy_trainer, **half)
 
 
@@ -504,6 +517,7 @@ def build_actor_trainer_half(
     model: ModelConfig,
     algo: AlgoConfig,
     trainer: TrainerConfig,
+    adapter: AdapterConfig,
     sampler_dtype: DType,
     group: HostGroup,
     **half,
@@ -517,6 +531,7 @@ def build_actor_trainer_half(
         load_model(model, seed=half["settings"].seed),
         algo,
         trainer,
+        adapter=adapter,
         group=group,
         publish=functools.partial(
             publish_to_object_store, one_call=one_call, dtype=jnp.dtype(sampler_dtype.value)

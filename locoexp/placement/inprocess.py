@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.export import export_trainer_policy
 from locoexp.checkpoint.state import RunCheckpoints, RunProgress
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
@@ -81,4 +81,4 @@ class InProcess:
     def export(self, directory: Path, *, model: ModelConfig, tokenizer) -> Path | None:
         """The policy as a Hugging Face directory (every host calls; process 0 writes)."""
         trainer = self.trainer.trainer
-        return export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)
+        return export_trainer_policy(trainer, model, tokenizer, directory)

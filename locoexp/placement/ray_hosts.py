@@ -40,7 +40,7 @@ from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.export import export_trainer_policy
 from locoexp.checkpoint.state import RunCheckpoints, RunProgress
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.placement.halves import HalfReport, Published, RolloutBatch, TrainResult
@@ -168,7 +168,7 @@ class TrainerHost(_Actor):
     def export_policy(self, directory: str, model, tokenizer) -> None:
         """The policy as a Hugging Face directory (every trainer host calls; process 0 writes)."""
         trainer = self.half.trainer
-        export_policy(trainer.params, trainer.graphdef, model, tokenizer, directory)
+        export_trainer_policy(trainer, model, tokenizer, directory)
 
     def close_checkpoints(self) -> None:
         """Wait for an asynchronous save still being written, before the actor is stopped."""
