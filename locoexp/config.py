@@ -10,6 +10,7 @@ anything is allocated or written.
 import dataclasses
 import math
 
+from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
@@ -26,6 +27,7 @@ from locoexp.trainer.config import TrainerConfig, check_attention_backend, check
 @dataclasses.dataclass(kw_only=True)
 class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    adapter: AdapterConfig = dataclasses.field(default_factory=AdapterConfig)
     dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
     hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
     placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)

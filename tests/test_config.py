@@ -38,6 +38,7 @@ def test_every_group_has_options():
         "algo",
         "rollout",
         "logger",
+        "adapter",
     } <= groups
 
 
@@ -55,6 +56,7 @@ def test_every_option_composes_and_converts_to_the_typed_config(group, option):
         values = values[group]
     for key, value in values.items():
         got = getattr(section, key)
+        got = [getattr(g, "value", g) for g in got] if isinstance(got, list) else got
         got = getattr(got, "value", got)
         if isinstance(value, dict) or value is None:  # nested groups; null = derived at start-up
             continue
@@ -92,6 +94,8 @@ BAD_OVERRIDES = {
     "missing option": (["model=nonexistent"], "model/nonexistent"),
     "bad enum value": (["algo.advantage=bogus"], "algo.advantage"),
     "cross-group": (["hardware.hosts=3"], "dataset.prompts_per_step"),
+    "adapter rank": (["adapter=lora", "adapter.rank=0"], "adapter.rank"),
+    "adapter target": (["adapter=lora", "adapter.targets=[q_proj,wq]"], "adapter.targets"),
     "bad job of a sweep": (["-m", "seed=0,1", "algo.learning_rate=1e-3,-1"], "algo.learning_rate"),
 }
 

@@ -16,7 +16,10 @@ from locoexp.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
 # The paper's experiments (each with a `_cpu` variant); other files hold benchmark workloads.
-PAPER_SCALE = ["co_vs_da", "cost_to_learn", "lever_ablation", "scale_study", "stack_comparison"]
+PAPER_SCALE = [
+    "co_vs_da", "cost_to_learn", "lever_ablation", "scale_study", "stack_comparison",
+    "tunix_recipe",
+]  # fmt: skip
 # Keys the paper's settings need that other branches are adding; the lead reconciles at merge.
 PENDING_KEYS = ("rollout.param_dtype",)
 REPEATS = ("launch", "seed")  # repeat a cell; composing their first value covers the cell
@@ -95,4 +98,4 @@ def test_paper_scale_experiment_dry_runs(experiment):
     if result.returncode == 2 and pending:
         pytest.skip(f"{pending[0]} is being added on another branch: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
-    assert "hosts" in result.stdout  # the plan names hosts and devices per role
+    assert " host" in result.stdout  # the plan names hosts and devices per role (1 host: Tunix)

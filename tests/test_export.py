@@ -42,7 +42,7 @@ def exported(tmp_path_factory):
         temperature=1.0,
         max_new_tokens=4,
     )
-    trainer.params = jax.tree.map(
+    trainer.trainable = jax.tree.map(
         lambda x: x + 0.01 * jnp.sin(jnp.arange(x.size)).reshape(x.shape), trainer.params
     )
     directory = policy_directory(tmp_path_factory.mktemp("run"), updates=None)

@@ -291,7 +291,7 @@ def profile_train(runner: CpuMarked, repeats: int) -> dict[str, float]:
 
     runs = {
         "train_step_s": lambda: trainer.train_step(batch),
-        "forward_logprobs_s": lambda: trainer._logprobs(trainer.params, placed),
+        "forward_logprobs_s": lambda: trainer._logprobs(trainer.trainable, trainer.frozen, placed),
         "forward_body_s": lambda: body_forward(trainer.params, placed),
     }
     return {

@@ -39,6 +39,9 @@ class AlgoConfig:
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0  # global-norm clipping; 0 disables it
     warmup_steps: int = 0  # linear learning-rate warm-up, then constant
+    # > 0: after the warm-up the rate follows a cosine from learning_rate to 0, reaching 0 at
+    # this update (warm-up included): optax's / Tunix's warmup_cosine_decay_schedule (App. G).
+    cosine_decay_steps: int = 0
     # Truncated importance sampling for stale rollouts (placement=da): the per-token weight
     # pi_train(old) / pi_behaviour is capped at this value. Ignored when rollouts are on-policy.
     tis_cap: float = 2.0
@@ -51,6 +54,11 @@ class AlgoConfig:
         )
         require(self.clip_eps_high > 0, f"algo.clip_eps_high={self.clip_eps_high} must be > 0.")
         require(self.kl_coef >= 0, f"algo.kl_coef={self.kl_coef} must be >= 0.")
+        require(
+            self.cosine_decay_steps == 0 or self.cosine_decay_steps > self.warmup_steps,
+            f"algo.cosine_decay_steps={self.cosine_decay_steps} must be 0 (constant after the "
+            f"warm-up) or more than algo.warmup_steps={self.warmup_steps}.",
+        )
         require(self.weight_decay >= 0, f"algo.weight_decay={self.weight_decay} must be >= 0.")
         require(
             self.max_grad_norm >= 0,

@@ -8,7 +8,9 @@ directory that exists is complete.
 
 Where exports go in a run directory: `policy/final` after the last step and
 `policy/update_<n>` for each scored checkpoint of `eval_at_updates` (the paper's Table I3 scores
-the policy after n updates). This module must not decide when to export.
+the policy after n updates). Under `adapter=lora` the directory holds the merged policy and, in
+`adapter/`, the PEFT adapter (`peft.PeftModel.from_pretrained(<base>, <dir>/adapter)`). This
+module must not decide when to export.
 """
 
 import shutil
@@ -19,11 +21,15 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from locoexp.adapter.config import AdapterConfig
+from locoexp.adapter.lora import lora_factors
+from locoexp.adapter.peft import write_peft_adapter
 from locoexp.model.checkpoint import save_checkpoint
 from locoexp.model.config import ModelConfig
 from locoexp.tokenizer.files import write_tokenizer_files
 
 POLICY_DIR = "policy"
+ADAPTER_DIR = "adapter"  # the PEFT adapter inside a LoRA run's policy directory
 
 
 def policy_directory(run_dir: str | Path, *, updates: int | None) -> Path:
@@ -40,12 +46,28 @@ def gather_to_host(params) -> object:
     return multihost_utils.process_allgather(params, tiled=True)
 
 
+def export_trainer_policy(trainer, model: ModelConfig, tokenizer, directory: str | Path):
+    """A `Trainer`'s policy (`export_policy`), with its PEFT adapter under `adapter=lora`."""
+    adapter = (trainer.adapter, trainer.trainable) if trainer.adapter.trains_adapters else None
+    return export_policy(
+        trainer.params, trainer.graphdef, model, tokenizer, directory, adapter=adapter
+    )
+
+
 def export_policy(
-    params, graphdef, model: ModelConfig, tokenizer, directory: str | Path
+    params,
+    graphdef,
+    model: ModelConfig,
+    tokenizer,
+    directory: str | Path,
+    *,
+    adapter: tuple[AdapterConfig, object] | None = None,
 ) -> Path | None:
-    """Write the policy `nnx.merge(graphdef, params)` as a Hugging Face directory; returns the
-    directory on process 0, None elsewhere."""
+    """Write the policy `nnx.merge(graphdef, params)` as a Hugging Face directory, and the LoRA
+    `adapter` (its config and `nnx.LoRAParam` state) as a PEFT directory in `adapter/`; returns
+    the directory on process 0, None elsewhere."""
     host_params = gather_to_host(params)
+    host_adapters = None if adapter is None else gather_to_host(adapter[1])
     if jax.process_index() != 0:
         return None
     directory = Path(directory)
@@ -53,6 +75,9 @@ def export_policy(
     shutil.rmtree(partial, ignore_errors=True)
     save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
     write_tokenizer_files(tokenizer, partial)
+    if adapter is not None:
+        factors = lora_factors(nnx.to_pure_dict(host_adapters))
+        write_peft_adapter(factors, adapter[0], model, partial / ADAPTER_DIR)
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)
     return directory

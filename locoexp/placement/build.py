@@ -113,6 +113,7 @@ def build_trainer_half(policy, halves: HalvesSpec, **half) -> TrainerHalf:
         mesh=mesh,
         temperature=s.sampling.temperature,
         max_new_tokens=s.max_new_tokens,
+        adapter=halves.adapter,
     )
     return TrainerHalf(trainer=trainer, **half)
 

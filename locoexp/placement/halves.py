@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from locoexp.checkpoint.export import export_policy
+from locoexp.checkpoint.export import export_trainer_policy
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.dataset.schedule import PromptSchedule
@@ -252,8 +252,7 @@ class TrainerHalf:
 
     def export(self, directory: str | Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
         """The policy as a Hugging Face directory (every trainer host calls; process 0 writes)."""
-        t = self.trainer
-        export_policy(t.params, t.graphdef, model, tokenizer, directory)
+        export_trainer_policy(self.trainer, model, tokenizer, directory)
 
     def pack(
         self, batches: Sequence[RolloutBatch], *, carried: dict | None

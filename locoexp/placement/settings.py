@@ -9,6 +9,7 @@ builder (`locoexp.session.spec.build_spec`) fills them from the config.
 
 import dataclasses
 
+from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AdvantageKind, AlgoConfig
 from locoexp.dataset.config import DatasetConfig
 from locoexp.metrics.steady import SteadyWindow, steady_window
@@ -81,3 +82,4 @@ class HalvesSpec:
     dataset: DatasetConfig
     settings: StepSettings
     sampler_dtype: DType  # the engines' weights: rollout.param_dtype, else the model's (Table I3)
+    adapter: AdapterConfig  # what the trainer updates (adapter=lora: the adapters only)

@@ -88,6 +88,9 @@ class TrainerShape:
     attention_block: int
     remat: RematPolicy
     kl_reference: bool
+    # adapter=lora: the adapters' parameter count (what trains: gradients, AdamW state and the
+    # KL reference are theirs, the base is frozen); 0 = full fine-tuning
+    adapter_parameters: int = 0
     float32_matmuls: bool = False  # bfloat16 matmuls computed in float32 (XLA on CPU)
     # The backend merges remat's recomputation back into the forward pass, so every policy
     # keeps what `none` keeps (XLA on CPU: its OptimizationBarrierExpander runs before common-
@@ -119,6 +122,9 @@ class TrainerMemory:
     head_in_micro_batches: bool  # the head runs beside the activations and gradient sums
     offloaded: int  # remat=offload: saved activations in host memory (not on the device)
     upcast: int = 0  # float32 copies of bfloat16 weights (`_trainer_upcast`)
+    # adapter=lora: the merged policy W + s A B publication builds after the step (`Trainer.
+    # params`), a shard of the base beside the resident state
+    merged: int = 0
 
     @property
     def resident(self) -> int:
@@ -228,7 +234,9 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     if shape.remat_erased:
         shape = dataclasses.replace(shape, remat=RematPolicy.none)
     a, dt = BYTES[c.param_dtype], shape.devices
-    shard = math.ceil(n / dt) * a
+    base = math.ceil(n / dt) * a
+    trained = shape.adapter_parameters or n  # what gradients and AdamW state are kept for
+    shard = math.ceil(trained / dt) * a
     tokens = shape.micro_batch_rows * shape.row_tokens
     micro = shape.micro_batches > 1
     # one shot: every loss slot's hidden state and gradient; micro-batches: the micro-batch's
@@ -240,8 +248,10 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     if shape.remat is RematPolicy.offload:
         offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
     return TrainerMemory(
-        params=shard,
-        gradients=(1 if a == F32 else 3) * math.ceil(n / dt) * F32 + shard if micro else shard,
+        params=base + (shard if shape.adapter_parameters else 0),
+        gradients=(1 if a == F32 else 3) * math.ceil(trained / dt) * F32 + shard
+        if micro
+        else shard,
         optimizer=2 * shard,
         reference=shard if shape.kl_reference else 0,
         inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
@@ -253,6 +263,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         head_in_micro_batches=micro,
         offloaded=offloaded,
         upcast=_trainer_upcast(c, n, shape),
+        merged=base if shape.adapter_parameters else 0,
     )
 
 

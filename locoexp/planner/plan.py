@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 
+from locoexp.adapter.config import AdapterConfig
 from locoexp.dataset.config import DatasetConfig
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import ModelConfig
@@ -90,6 +91,7 @@ def _trainer_shape(
     micro: int,
     kl: bool,
     xla_cpu: bool,
+    adapter_parameters: int = 0,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
     worst case), and packing rounds rows per device up to a power of two."""
@@ -108,6 +110,7 @@ def _trainer_shape(
         attention_block=trainer.attention_block_tokens,
         remat=trainer.remat,
         kl_reference=kl,
+        adapter_parameters=adapter_parameters,
         float32_matmuls=xla_cpu,
         remat_erased=xla_cpu,
     )
@@ -143,6 +146,7 @@ class Setup:
     trainer: TrainerConfig
     layout: Layout  # who trains and who generates, on how many hosts
     kl_reference: bool = False  # the trainer also keeps the initial policy (algo.kl_coef > 0)
+    adapter: AdapterConfig = dataclasses.field(default_factory=AdapterConfig)
 
     @property
     def engine_devices(self) -> int:
@@ -175,6 +179,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         micro=micro,
         kl=setup.kl_reference,
         xla_cpu=cpu,
+        adapter_parameters=setup.adapter.count_parameters(m),
     )
     eshape = _engine_shape(
         m, setup.dataset, setup.rollout, sequences=per_replica, float32_matmuls=cpu
@@ -186,7 +191,10 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     held = r.colocated and not setup.rollout.release_weights_during_training
     trainer_peak = trainer.total + (engine.weights if held else 0)
     publication = 0 if r.colocated else estimate.publication_bytes(m, eshape.dtype)
-    trainer_peak = max(trainer_peak, trainer.resident + publication)
+    after_step = trainer.resident + trainer.merged + publication  # merged: adapter=lora
+    trainer_peak = max(
+        trainer_peak, after_step + (engine.weights if held and trainer.merged else 0)
+    )
     engine_peak = engine.total + (trainer.resident if r.colocated else 0)
     capacity = min(per_replica * setup.replicas, setup.requests_per_engine)
     return Plan(

@@ -26,6 +26,15 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else plural)
 
 
+def _adapter_note(setup: Setup) -> str:
+    """adapter=lora: what trains (the base is frozen: no gradients nor AdamW state for it)."""
+    a = setup.adapter
+    if not a.trains_adapters:
+        return ""
+    count = a.count_parameters(setup.model)
+    return f"; LoRA rank {a.rank} trains {count / 1e6:.2f}M of them (base frozen)"
+
+
 def _trainer_line(setup: Setup, plan: Plan) -> str:
     t, s, roles = plan.trainer, plan.trainer_shape, setup.layout
     terms = [
@@ -43,6 +52,8 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
     held = roles.colocated and not setup.rollout.release_weights_during_training
     terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
     tail = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
+    if t.merged:  # adapter=lora: publication merges the adapters into a copy of the base
+        tail += f"; after the step + the merged policy it publishes {_gib(t.merged)}"
     if plan.publication:  # da: the replica gathered to publish, after the step
         tail += (
             f"; after the step params and AdamW {_gib(t.resident)} + the replica it publishes "
@@ -125,7 +136,7 @@ def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
     plan = resolve_plan(setup)
     lines = [
         f"model {setup.model.name}: {parameters_b(setup):.3f}B parameters, "
-        f"{setup.model.param_dtype.value}",
+        f"{setup.model.param_dtype.value}" + _adapter_note(setup),
         _hardware_line(setup, hosts_note),
         _trainer_line(setup, plan),
         _engine_line(setup, plan),

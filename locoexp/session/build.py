@@ -59,6 +59,7 @@ def plan_setup(config: Config) -> Setup:
         trainer=c.trainer,
         layout=build_layout_of(c),
         kl_reference=c.algo.kl_coef > 0,
+        adapter=c.adapter,
     )
 
 
@@ -81,6 +82,7 @@ def build_spec(config: Config) -> RunSpec:
         dataset=c.dataset,
         settings=build_settings(c, local_devices=layout.devices_per_process),
         sampler_dtype=sampler_dtype(c),
+        adapter=c.adapter,
     )
     return RunSpec(
         layout=layout,

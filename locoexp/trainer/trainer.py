@@ -8,10 +8,15 @@ per-block rematerialisation and micro-batches with gradient accumulation (`train
 It never generates and never knows about placement; `params` is what weight publication hands
 to the engines.
 
+With `adapter=lora` the base weights are frozen (`frozen`, never differentiated, no optimizer
+state) and only the LoRA factors (`trainable`) train; `params` is then the merged policy
+W + (alpha / r) A B (`locoexp.adapter.lora`), so publication and export see a plain model.
+
 Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +26,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
+from locoexp.adapter.config import AdapterConfig
+from locoexp.adapter.lora import adapt_model, merge_adapters
 from locoexp.algo.config import AlgoConfig
 from locoexp.algo.grpo import loss_denominator
 from locoexp.model.attention import AttentionSpec
@@ -46,8 +53,13 @@ def fsdp_spec(shape: tuple[int, ...], devices: int) -> PS:
 
 
 def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
-    """AdamW with optional linear warm-up and global-norm clipping."""
-    if algo.warmup_steps:
+    """AdamW with optional linear warm-up (then constant or cosine decay) and global-norm
+    clipping."""
+    if algo.cosine_decay_steps:
+        lr = optax.warmup_cosine_decay_schedule(
+            0.0, algo.learning_rate, algo.warmup_steps, algo.cosine_decay_steps
+        )
+    elif algo.warmup_steps:
         lr = optax.linear_schedule(0.0, algo.learning_rate, algo.warmup_steps)
     else:
         lr = algo.learning_rate
@@ -141,6 +153,11 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
     )
 
 
+def shard_like_fsdp(mesh: Mesh, state) -> object:
+    """Each leaf's `fsdp_spec` sharding on `mesh`."""
+    return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(x.shape, mesh.devices.size)), state)
+
+
 class Trainer:
     """Policy parameters, AdamW state and the jitted GRPO train step on a `fsdp` mesh."""
 
@@ -153,22 +170,26 @@ class Trainer:
         mesh: Mesh,
         temperature: float,
         max_new_tokens: int,
+        adapter: AdapterConfig | None = None,
     ):
         check_attention_backend(config.attention, jax.default_backend())
         check_remat_backend(config.remat, jax.default_backend())
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
-        self.graphdef, params = nnx.split(model, nnx.Param)
-        devices = mesh.devices.size
         owners = [d.process_index for d in mesh.devices.flat]
         if owners != sorted(owners):
             raise ValueError("the trainer mesh must list each process's devices contiguously")
-        self.param_shardings = jax.tree.map(
-            lambda x: NamedSharding(mesh, fsdp_spec(x.shape, devices)), params
-        )
-        self.params = jax.device_put(params, self.param_shardings)
-        # a copy: the step donates self.params, which must not free the reference
-        self.reference = jax.tree.map(jnp.copy, self.params) if algo.kl_coef > 0 else None
+        # the plain policy's structure: what publication and export hand on
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self._plain_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.adapter = adapter or AdapterConfig()
+        trainable, frozen = self._split_trainable(model, params)
+        self.param_shardings = shard_like_fsdp(mesh, trainable)
+        self.trainable = jax.device_put(trainable, self.param_shardings)
+        self.frozen = jax.device_put(frozen, shard_like_fsdp(mesh, frozen))
+        # a copy: the step donates self.trainable, which must not free the reference (under
+        # LoRA the reference is the initial adapters on the frozen base: the base model)
+        self.reference = jax.tree.map(jnp.copy, self.trainable) if algo.kl_coef > 0 else None
         self.optimizer = build_optimizer(algo)
         # Optimizer moments shard like their parameters; counters are replicated. Fixing the
         # output shardings keeps every step's inputs identical to the first's (one compile).
@@ -176,11 +197,13 @@ class Trainer:
         self.opt_shardings = optax.tree_map_params(
             self.optimizer,
             lambda _, sharding: sharding,
-            jax.eval_shape(self.optimizer.init, params),
+            jax.eval_shape(self.optimizer.init, trainable),
             self.param_shardings,
             transform_non_params=lambda _: replicated,
         )
-        self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(self.params)
+        self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(
+            self.trainable
+        )
         self.loss_spec = HeadLossSpec(
             clip_eps_low=algo.clip_eps_low,
             clip_eps_high=algo.clip_eps_high,
@@ -201,6 +224,36 @@ class Trainer:
             out_shardings=(self.param_shardings, self.opt_shardings, replicated),
         )
         self._logprobs = jax.jit(self._logprobs_fn)
+        self._merge = jax.jit(self._merged_policy, out_shardings=shard_like_fsdp(mesh, params))
+
+    def _split_trainable(self, model: Transformer, params):
+        """(trainable, frozen) states; sets `train_graphdef`, what the step merges them with.
+        Full fine-tuning trains `params` and freezes nothing."""
+        if not self.adapter.trains_adapters:
+            self.train_graphdef = self.graphdef
+            return params, nnx.State({})
+        adapted = adapt_model(model, self.adapter)
+        self.train_graphdef, trainable, frozen = nnx.split(adapted, nnx.LoRAParam, nnx.Param)
+        return trainable, frozen
+
+    def _model(self, trainable, frozen) -> Transformer:
+        return nnx.merge(self.train_graphdef, trainable, frozen)
+
+    def _merged_policy(self, trainable, frozen):
+        """The plain policy's parameters: the adapters folded into the base (W + s A B)."""
+        adapted = nnx.to_pure_dict(nnx.state(self._model(trainable, frozen), nnx.Param))
+        merged = merge_adapters(adapted, scale=self.adapter.scale)
+        state = jax.tree.map(lambda x: x, self._plain_shapes)  # a fresh State to fill
+        nnx.replace_by_pure_dict(state, merged)
+        return state
+
+    @property
+    def params(self):
+        """The policy's parameters in the plain model's structure (`graphdef`): what weight
+        publication hands to the engines and export writes; merged under LoRA (a new copy)."""
+        if not self.adapter.trains_adapters:
+            return self.trainable
+        return self._merge(self.trainable, self.frozen)
 
     @property
     def devices(self) -> int:
@@ -234,43 +287,45 @@ class Trainer:
     def _layout(self, batch: TrainBatch) -> MicroLayout:
         return MicroLayout.of(batch.tokens.shape[0], self.devices, self.config.micro_batch_rows)
 
-    def _hidden_fn(self, params, rows: PackedRows) -> jax.Array:
+    def _hidden_fn(self, params, rows: PackedRows, *, frozen) -> jax.Array:
         """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat."""
-        model = nnx.merge(self.graphdef, params)
+        model = self._model(params, frozen)
         return row_hidden(model, rows, attention=self.attention, remat=self.config.remat)
 
-    def _loss_hidden(self, params, batch: TrainBatch) -> jax.Array:
+    def _loss_hidden(self, params, frozen, batch: TrainBatch) -> jax.Array:
         """Hidden states [K, D] at the loss positions, micro-batch by micro-batch (forward only)."""
-        hidden = hidden_in_micro_batches(self._hidden_fn, params, batch.rows, self._layout(batch))
+        hidden_fn = functools.partial(self._hidden_fn, frozen=frozen)
+        hidden = hidden_in_micro_batches(hidden_fn, params, batch.rows, self._layout(batch))
         return at_loss_positions(hidden, batch.loss_index)
 
-    def _logprobs_fn(self, params, batch: TrainBatch):
-        model = nnx.merge(self.graphdef, params)
+    def _logprobs_fn(self, params, frozen, batch: TrainBatch):
         return head_logprobs(
-            model,
-            self._loss_hidden(params, batch),
+            self._model(params, frozen),
+            self._loss_hidden(params, frozen, batch),
             batch.loss_targets,
             temperature=self.temperature,
             chunk=self.config.logit_chunk_tokens,
         )
 
-    def _one_shot_grads(self, params, batch: TrainBatch):
+    def _one_shot_grads(self, params, frozen, batch: TrainBatch):
         """Loss, metrics and gradients with every row's activations alive at once."""
 
         def loss_fn(p):
-            hidden = at_loss_positions(self._hidden_fn(p, batch.rows), batch.loss_index)
-            weight = head_weight(nnx.merge(self.graphdef, p))
-            return head_loss(self.loss_spec, hidden, weight, batch)
+            hidden = self._hidden_fn(p, batch.rows, frozen=frozen)
+            weight = head_weight(self._model(p, frozen))
+            return head_loss(
+                self.loss_spec, at_loss_positions(hidden, batch.loss_index), weight, batch
+            )
 
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
-    def _accumulated_grads(self, params, batch: TrainBatch, layout: MicroLayout):
+    def _accumulated_grads(self, params, frozen, batch: TrainBatch, layout: MicroLayout):
         """The same loss, metrics and gradients, one micro-batch's activations at a time
         (`trainer/micro.py`): each micro-batch's decoder runs forward under its vjp, the fused
         head runs over that micro-batch's own loss slots, and the vjp pulls their gradient
         back, so the body runs forward once per step, as in the one-shot step."""
         spec = self.loss_spec
-        weight, weight_vjp = jax.vjp(lambda p: head_weight(nnx.merge(self.graphdef, p)), params)
+        weight, weight_vjp = jax.vjp(lambda p: head_weight(self._model(p, frozen)), params)
         fields = slot_fields(spec, batch)
         mask = fields["mask"]
         row_tokens = batch.tokens.shape[1]
@@ -286,7 +341,7 @@ class Trainer:
             return dflat.reshape(hidden.shape), dweight, (loss, sums)
 
         grads, dweight, (losses, sums) = accumulate_grads(
-            self._hidden_fn,
+            functools.partial(self._hidden_fn, frozen=frozen),
             params,
             batch.rows,
             layout,
@@ -300,17 +355,17 @@ class Trainer:
         metrics = {key: value.sum() / count for key, value in sums.items()}
         return (losses.sum(), metrics), grads
 
-    def _loss_and_grads(self, params, batch: TrainBatch, reference):
+    def _loss_and_grads(self, params, frozen, batch: TrainBatch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
-            ref_logprobs = jax.lax.stop_gradient(self._logprobs_fn(reference, batch))
+            ref_logprobs = jax.lax.stop_gradient(self._logprobs_fn(reference, frozen, batch))
             batch = dataclasses.replace(batch, ref_logprobs=ref_logprobs)
         layout = self._layout(batch)
         if layout.count == 1:
-            return self._one_shot_grads(params, batch)
-        return self._accumulated_grads(params, batch, layout)
+            return self._one_shot_grads(params, frozen, batch)
+        return self._accumulated_grads(params, frozen, batch, layout)
 
-    def _train_step(self, params, opt_state, batch: TrainBatch, reference):
-        (loss, metrics), grads = self._loss_and_grads(params, batch, reference)
+    def _train_step(self, params, opt_state, frozen, batch: TrainBatch, reference):
+        (loss, metrics), grads = self._loss_and_grads(params, frozen, batch, reference)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         params = jax.lax.with_sharding_constraint(params, self.param_shardings)
@@ -320,16 +375,21 @@ class Trainer:
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns host-side scalar metrics."""
         placed = self.device_batch(batch)
-        self.params, self.opt_state, metrics = self._step(
-            self.params, self.opt_state, placed, self.reference
+        self.trainable, self.opt_state, metrics = self._step(
+            self.trainable, self.opt_state, self.frozen, placed, self.reference
         )
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
+    @property
+    def _trainable_key(self) -> str:
+        return "adapters" if self.adapter.trains_adapters else "params"
+
     def state(self) -> dict:
-        """The arrays a training-state checkpoint holds: parameters, AdamW state, and the KL
+        """The arrays a training-state checkpoint holds: what trains (the parameters, or under
+        LoRA the adapters; the frozen base is rebuilt from `model`), AdamW state, and the KL
         reference (the initial policy) when the loss has a KL term."""
-        state = {"params": self.params, "opt_state": self.opt_state}
+        state = {self._trainable_key: self.trainable, "opt_state": self.opt_state}
         if self.reference is not None:
             state["reference"] = self.reference
         return state
@@ -337,23 +397,24 @@ class Trainer:
     def load_state(self, state: dict, *, steps_done: int) -> None:
         """Continue from `state()` of an earlier trainer after `steps_done` updates (arrays
         already placed like ours)."""
-        self.params, self.opt_state = state["params"], state["opt_state"]
+        self.trainable, self.opt_state = state[self._trainable_key], state["opt_state"]
         self.steps_done = steps_done
         if self.reference is not None:
             self.reference = state["reference"]
 
     def loss_and_grads(self, batch: PackedBatch):
         """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
-        return jax.jit(self._loss_and_grads)(self.params, self.device_batch(batch), self.reference)
+        placed = self.device_batch(batch)
+        return jax.jit(self._loss_and_grads)(self.trainable, self.frozen, placed, self.reference)
 
     def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
         """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
         placed = self.device_batch(batch)
-        return self._step.lower(self.params, self.opt_state, placed, self.reference)
+        return self._step.lower(self.trainable, self.opt_state, self.frozen, placed, self.reference)
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
         """The trainer's recomputation of this process's loss targets' log-probs [K]."""
-        values = self._logprobs(self.params, self.device_batch(batch))
+        values = self._logprobs(self.trainable, self.frozen, self.device_batch(batch))
         if values.is_fully_addressable:
             return np.asarray(values)
         local = [

@@ -1,0 +1,99 @@
+"""LoRA around the decoder's projections, with flax's `nnx.LoRA` (no hand-written layer).
+
+`adapt_model` returns a copy of a plain `Transformer` whose targeted projections are wrapped:
+`nnx.LoRA(base_module=<the projection>)` owns A [in, r] and B [r, out] as `nnx.LoRAParam`, so
+`nnx.split(model, nnx.LoRAParam, nnx.Param)` separates what trains from the frozen base.
+`merge_adapters` folds them back into the plain model's parameters, W + (alpha / r) A B, which
+is what the engines load and what the Hugging Face export writes. It must not train, sample or
+know about meshes; the transformer module itself is left as it is.
+
+Shapes: r rank, D_in / D_out the projection's input / output width.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from locoexp.adapter.config import PROJECTION_MODULE, AdapterConfig
+from locoexp.model.transformer import Transformer
+
+# The adapted projection's keys in `nnx.to_pure_dict` (attribute names of `nnx.LoRA`).
+BASE, LORA_A, LORA_B = "base_module", "lora_a", "lora_b"
+
+
+class ScaledLoRA(nnx.LoRA):
+    """`nnx.LoRA` around a base projection with PEFT's scaling: y = base(x) + s x A B, s = alpha
+    / r. Like the base `Linear`, the low-rank term runs as 2-D matmuls over every leading
+    position (one plain weight-gradient matmul per factor)."""
+
+    def __init__(self, base: nnx.Linear, *, rank: int, scale: float, rngs: nnx.Rngs):
+        super().__init__(
+            base.in_features,
+            rank,
+            base.out_features,
+            base_module=base,
+            dtype=base.dtype,
+            param_dtype=base.param_dtype,
+            rngs=rngs,
+        )
+        self.scale = scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        out = self.base_module(x)
+        flat = x.reshape(-1, x.shape[-1]).astype(self.lora_a.dtype)
+        low = (flat @ self.lora_a[...]) @ self.lora_b[...]
+        return out + (low * self.scale).reshape(out.shape).astype(out.dtype)
+
+
+def adapt_model(model: Transformer, adapter: AdapterConfig) -> Transformer:
+    """A copy of `model` (sharing its arrays) with `adapter.targets` of every block wrapped in a
+    `ScaledLoRA`; A drawn from `adapter.seed` (nnx's He-uniform), B zero. `model` is unchanged."""
+    adapted = nnx.merge(*nnx.split(model))
+    rngs = nnx.Rngs(params=adapter.seed)
+    for block in adapted.layers:
+        for target in adapter.targets:
+            owner = getattr(block, PROJECTION_MODULE[target])
+            base = getattr(owner, target.value)
+            wrapped = ScaledLoRA(base, rank=adapter.rank, scale=adapter.scale, rngs=rngs)
+            setattr(owner, target.value, wrapped)
+    return adapted
+
+
+def merge_adapters(pure: dict, *, scale: float) -> dict:
+    """The adapted model's `nnx.to_pure_dict` -> the plain model's: every wrapped projection's
+    kernel becomes W + scale A B (summed in float32, stored in W's dtype)."""
+    if not isinstance(pure, dict):
+        return pure
+    if BASE in pure:
+        kernel = pure[BASE]["kernel"]
+        delta = jnp.matmul(pure[LORA_A], pure[LORA_B], preferred_element_type=jnp.float32)
+        return {"kernel": (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)}
+    return {key: merge_adapters(value, scale=scale) for key, value in pure.items()}
+
+
+def lora_factors(pure: dict, prefix: tuple = ()) -> dict[tuple, tuple[jax.Array, jax.Array]]:
+    """Every adapted projection's path in the plain model (e.g. ("layers", 0, "attn", "q_proj",
+    "kernel")) -> its (A [D_in, r], B [r, D_out]), from the pure dict of the adapted model or
+    of its `nnx.LoRAParam` state alone."""
+    if not isinstance(pure, dict):
+        return {}
+    if LORA_A in pure:
+        return {(*prefix, "kernel"): (pure[LORA_A], pure[LORA_B])}
+    found = {}
+    for key, value in pure.items():
+        found |= lora_factors(value, (*prefix, key))
+    return found
+
+
+def load_factors(adapted: Transformer, factors: dict[tuple, tuple]) -> None:
+    """Set the adapted model's (A, B) from `factors` keyed like `lora_factors` (e.g. read from
+    a PEFT directory by `locoexp.adapter.peft.read_peft_adapter`)."""
+    state = nnx.state(adapted, nnx.LoRAParam)
+    pure = nnx.to_pure_dict(state)
+    for path, (a, b) in factors.items():
+        node = pure
+        for key in path[:-1]:
+            node = node[key]
+        node[LORA_A], node[LORA_B] = jnp.asarray(a), jnp.asarray(b)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(adapted, state)
