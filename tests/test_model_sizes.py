@@ -20,7 +20,7 @@ PUBLISHED = {
     "llama3_1_70b": (70.6e9, None, 0.1e9),
     "llama3_1_405b": (405.9e9, None, 0.1e9),
 }
-PAPER_MODELS = [*PUBLISHED, "synthetic_100b", "synthetic_200b"]
+PAPER_MODELS = [*PUBLISHED, "synthetic_100b", "synthetic_200b", "qwen3_30b_a3b", "tiny_qwen3_moe"]
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -64,3 +64,21 @@ def test_layer_extrapolation_equals_the_full_trace():
 def test_every_model_option_names_itself():
     for path in MODEL_CONF.glob("*.yaml"):
         assert load_model_option(path.stem).name == path.stem
+
+
+def test_qwen3_30b_a3b_total_and_active_counts_are_exact_for_its_published_config():
+    """From the published config.json (hidden 2048, 48 layers, 32/4 heads of 128, 128 experts of
+    768, top-8, vocab 151936 untied): every tensor of the checkpoint, counted by hand. The model
+    card rounds them to 30.5B total, 3.3B activated, 29.9B non-embedding."""
+    config = load_model_option("qwen3_30b_a3b")
+    d, layers, v, e, k, i = 2048, 48, 151936, 128, 8, 768
+    attention = d * 128 * (32 + 4 + 4) + 32 * 128 * d + 2 * 128  # q, k, v, o, q/k norms
+    per_expert = 3 * d * i
+    block = attention + d * e + e * per_expert + 2 * d  # + router + experts + 2 norms
+    active_block = attention + d * e + k * per_expert + 2 * d
+    total = 2 * v * d + layers * block + d
+    assert sizes.count_parameters(config) == total == 30_532_122_624
+    assert sizes.count_active_parameters(config) == 2 * v * d + layers * active_block + d
+    assert 3.3e9 <= sizes.count_active_parameters(config) < 3.4e9  # "3.3B"
+    assert round((total - 2 * v * d) / 1e8) == 299  # "29.9B non-embedding"
+    assert sizes.count_expert_parameters(config) == layers * e * per_expert

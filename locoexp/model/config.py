@@ -2,7 +2,9 @@
 
 One dataclass describes every model of the paper (Qwen3 0.6B-32B, Llama-3.1 70B/405B and the
 synthetic ~100B/~200B widths) and the tiny CPU models; Llama-3.1 is the same block without the
-per-head q/k RMSNorm (`qk_norm: false`).
+per-head q/k RMSNorm (`qk_norm: false`). With `num_experts > 0` every block's MLP is Qwen3-MoE's
+sparse block (`locoexp/model/moe.py`): a softmax top-k router over `num_experts` SwiGLU experts
+of width `expert_mlp_dim` (Qwen3-30B-A3B, App. G's third recipe).
 """
 
 import dataclasses
@@ -39,6 +41,14 @@ class ModelConfig:
     tie_embeddings: bool = True
     param_dtype: DType = DType.float32
     init_std: float = 0.02
+    # Mixture of experts (Qwen3-MoE's `Qwen3MoeSparseMoeBlock`); 0 experts = the dense MLP.
+    num_experts: int = 0  # E
+    experts_per_token: int = 0  # top-k experts each token is routed to
+    expert_mlp_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size)
+    normalize_top_k: bool = True  # HF norm_topk_prob: the k routing weights sum to 1
+    # Switch-Transformer load-balancing loss added to the GRPO loss with this weight (HF
+    # router_aux_loss_coef; Qwen3-30B-A3B publishes 0.001); 0 leaves routing unregularised.
+    router_aux_loss_coef: float = 0.0
     # A local Hugging Face checkpoint directory (config.json + safetensors); None = random init.
     checkpoint: str | None = None
 
@@ -61,9 +71,36 @@ class ModelConfig:
         )
         require(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0.")
         require(self.rms_norm_eps > 0, f"model.rms_norm_eps={self.rms_norm_eps} must be > 0.")
+        self._check_experts()
         require(
             self.rope_scaling_factor >= 1.0,
             f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (1 = no scaling).",
+        )
+
+    @property
+    def moe(self) -> bool:
+        """Whether the blocks' MLP is the sparse mixture of experts."""
+        return self.num_experts > 0
+
+    def _check_experts(self) -> None:
+        require(
+            self.num_experts >= 0, f"model.num_experts={self.num_experts} must be >= 0 (0 = dense)."
+        )
+        require(
+            self.router_aux_loss_coef >= 0,
+            f"model.router_aux_loss_coef={self.router_aux_loss_coef} must be >= 0.",
+        )
+        if not self.moe:
+            return
+        require(
+            1 <= self.experts_per_token <= self.num_experts,
+            f"model.experts_per_token={self.experts_per_token} must be in [1, model.num_experts="
+            f"{self.num_experts}] for a mixture-of-experts model.",
+        )
+        require(
+            self.expert_mlp_dim >= 1,
+            f"model.expert_mlp_dim={self.expert_mlp_dim} must be a positive integer for a "
+            "mixture-of-experts model.",
         )
 
 

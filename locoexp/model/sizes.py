@@ -45,13 +45,34 @@ def count_embedding_parameters(config: ModelConfig) -> int:
     return tables * config.vocab_size * config.hidden_dim
 
 
-def count_block_parameters(config: ModelConfig) -> int:
-    """One decoder block: attention (+ q/k norms) + SwiGLU MLP + its two RMSNorm scales."""
+def count_block_parameters(config: ModelConfig, *, experts: int | None = None) -> int:
+    """One decoder block: attention (+ q/k norms) + SwiGLU MLP + its two RMSNorm scales. A
+    mixture-of-experts block holds the router [D, E] and E expert MLPs instead of the MLP;
+    `experts` counts only that many of them (the top-k a token uses: the active parameters)."""
     c = config
     attention = c.hidden_dim * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q,o and k,v
     qk_norms = 2 * c.head_dim if c.qk_norm else 0
     mlp = 3 * c.hidden_dim * c.mlp_dim  # gate, up, down
+    if c.moe:
+        used = c.num_experts if experts is None else experts
+        mlp = c.hidden_dim * c.num_experts + used * 3 * c.hidden_dim * c.expert_mlp_dim
     return attention + qk_norms + mlp + 2 * c.hidden_dim
+
+
+def count_expert_parameters(config: ModelConfig) -> int:
+    """Parameters of all experts of all blocks (what expert parallelism shards); 0 if dense."""
+    if not config.moe:
+        return 0
+    return config.num_layers * config.num_experts * 3 * config.hidden_dim * config.expert_mlp_dim
+
+
+def count_active_parameters(config: ModelConfig) -> int:
+    """Parameters one token's forward uses: every dense part, the router and its top-k experts
+    (the "A3B" of Qwen3-30B-A3B); the total for a dense model."""
+    if not config.moe:
+        return count_parameters_by_formula(config)
+    block = count_block_parameters(config, experts=config.experts_per_token)
+    return count_embedding_parameters(config) + config.num_layers * block + config.hidden_dim
 
 
 def count_parameters_by_formula(config: ModelConfig) -> int:

@@ -1,4 +1,4 @@
-"""The dense decoder (Qwen3; Llama-3.1 with `qk_norm=False`) in Flax NNX.
+"""The decoder (Qwen3; Llama-3.1 with `qk_norm=False`; Qwen3-MoE with `num_experts > 0`) in NNX.
 
 One implementation serves training (full sequences, packed rows with segment masks) and
 generation (a KV cache written at a given slot). It owns the numerics of the forward pass only:
@@ -18,9 +18,17 @@ from flax import nnx
 
 from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask
 from locoexp.model.config import ModelConfig, RematPolicy
-from locoexp.model.remat import call_block
+from locoexp.model.moe import MoE, RouterStats, load_balancing_loss, no_router_stats
+from locoexp.model.remat import call_block_outputs
 
-__all__ = ["Transformer", "build_model", "causal_segment_mask", "init_cache"]
+__all__ = [
+    "Transformer",
+    "build_model",
+    "causal_segment_mask",
+    "init_cache",
+    "load_balancing_loss",
+    "router_loss",
+]
 
 Array = jax.Array
 KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, E, h]
@@ -196,14 +204,42 @@ class Block(nnx.Module):
         self.input_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
         self.attn = Attention(config, rngs)
         self.post_attn_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
-        self.mlp = MLP(config, rngs)
+        self.mlp = self.build_mlp(config, rngs)
 
-    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+    @staticmethod
+    def build_mlp(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+        return MLP(config, rngs)
+
+    def attend(self, x, positions, mask, inv_freq, cache, cache_index, **packed):
+        """The attention half: x + attn(norm(x)) and the cache."""
         attn_out, cache = self.attn(
             self.input_norm(x), positions, mask, inv_freq, cache, cache_index, **packed
         )
-        x = x + attn_out
+        return x + attn_out, cache
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+        x, cache = self.attend(x, positions, mask, inv_freq, cache, cache_index, **packed)
         return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+class MoEBlock(Block):
+    """Qwen3-MoE's block: the dense block with the sparse mixture of experts as its MLP. It also
+    returns its router statistics over the real tokens (segment id > 0 when packed)."""
+
+    @staticmethod
+    def build_mlp(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+        return MoE(config, rngs)
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+        x, cache = self.attend(x, positions, mask, inv_freq, cache, cache_index, **packed)
+        real = packed["segment_ids"] > 0 if packed else None
+        out, stats = self.mlp(self.post_attn_norm(x), real)
+        return x + out, cache, stats
+
+
+def block_class(config: ModelConfig) -> type[Block]:
+    """The block `config` selects: the dense block, or the mixture-of-experts block."""
+    return MoEBlock if config.moe else Block
 
 
 def _embedding(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
@@ -234,7 +270,8 @@ class Transformer(nnx.Module):
         # `build_model` initialises the same parts in the same order, one program per part
         self.config = config
         self.embed = _embedding(config, rngs)
-        self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+        block = block_class(config)
+        self.layers = nnx.List([block(config, rngs) for _ in range(config.num_layers)])
         self.final_norm = _final_norm(config, rngs)
         if not config.tie_embeddings:
             self.lm_head = _output_head(config, rngs)
@@ -258,7 +295,7 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(
+            x, layer_cache, *_ = layer(
                 x, positions, mask, inv_freq, None if cache is None else cache[i], cache_index
             )
             new_cache.append(layer_cache)
@@ -276,14 +313,32 @@ class Transformer(nnx.Module):
         """The trainer's forward: packed rows tokens, positions, segment_ids [B,T] -> final
         hidden states [B,T,D], attending with `attention` and no [T, T] mask; each block's
         activations kept or recomputed as `remat` says."""
+        return self.packed_hidden_and_router(
+            tokens, positions, segment_ids, attention=attention, remat=remat
+        )[0]
+
+    def packed_hidden_and_router(
+        self,
+        tokens: Array,
+        positions: Array,
+        segment_ids: Array,
+        *,
+        attention: AttentionSpec,
+        remat: RematPolicy = RematPolicy.none,
+    ) -> tuple[Array, RouterStats | None]:
+        """`packed_hidden` and the router statistics summed over the MoE blocks (None for a
+        dense model): `router_loss` turns them into the load-balancing loss."""
         inv_freq = rope_inverse_frequencies(self.config)
         x = self.embed(tokens)
+        stats = no_router_stats(self.config.num_experts) if self.config.moe else None
         for layer in self.layers:
-            x = call_block(
+            x, _, *layer_stats = call_block_outputs(
                 layer, x, remat, positions=positions, mask=None, inv_freq=inv_freq,
                 segment_ids=segment_ids, attention=attention,
             )  # fmt: skip
-        return self.final_norm(x)
+            if layer_stats:
+                stats = stats + layer_stats[0]
+        return self.final_norm(x), stats
 
     def logits(self, hidden: Array) -> Array:
         """Output head: hidden [..., D] -> logits [..., V] in float32."""
@@ -328,7 +383,7 @@ def build_model(config: ModelConfig, *, seed: int) -> Transformer:
     parts["embed"], count = init(_embedding, key, count)
     parts["layers"] = {}
     for i in range(config.num_layers):
-        parts["layers"][i], count = init(Block, key, count)
+        parts["layers"][i], count = init(block_class(config), key, count)
     parts["final_norm"], count = init(_final_norm, key, count)
     if not config.tie_embeddings:
         parts["lm_head"], count = init(_output_head, key, count)
@@ -343,3 +398,8 @@ def _init_part(make, key: Array, count: Array, *, config: ModelConfig):
     rngs.params.count[...] = count
     module = make(config, rngs)
     return nnx.to_pure_dict(nnx.state(module, nnx.Param)), rngs.params.count[...]
+
+
+def router_loss(stats: RouterStats | None) -> Array:
+    """The load-balancing loss of a forward's router statistics; 0 for a dense model."""
+    return jnp.zeros((), jnp.float32) if stats is None else load_balancing_loss(stats)
