@@ -24,6 +24,11 @@ from safetensors.numpy import save_file
 
 from locoexp.errors import ConfigError, require
 from locoexp.model.config import ModelConfig
+from locoexp.model.gemma4_checkpoint import (
+    gemma4_architecture,
+    gemma4_hf_config,
+    gemma4_layer_names,
+)
 from locoexp.model.hub import resolve_checkpoint
 from locoexp.model.transformer import Transformer, build_model
 
@@ -104,15 +109,17 @@ def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
     }
     if not config.tie_embeddings:
         names["lm_head.weight"] = (("lm_head", "kernel"), True)
-    block = _block_names(config)
     for i in range(config.num_layers):
+        block = gemma4_layer_names(config, i) if config.gemma4 else _block_names(config)
         for name, (path, transpose) in block.items():
             names[f"model.layers.{i}.{name}"] = (("layers", i, *path), transpose)
     return names
 
 
 def hf_config(config: ModelConfig) -> dict:
-    """The config.json of `config`, in the keys Qwen3 / Llama checkpoints on the hub use."""
+    """The config.json of `config`, in the keys Qwen3 / Llama / Gemma4 checkpoints use."""
+    if config.gemma4:
+        return gemma4_hf_config(config)
     rope_scaling = None
     if config.rope_scaling_factor != 1.0:
         rope_scaling = {
@@ -184,10 +191,12 @@ def architecture_of(hf: dict) -> dict:
     """config.json -> the `ModelConfig` fields it determines (same names as the schema)."""
     model_type = hf.get("model_type")
     require(
-        model_type in ("qwen3", "llama", "qwen3_moe"),
+        model_type in ("qwen3", "llama", "qwen3_moe", "gemma4_text"),
         f"config.json model_type={model_type!r} is not supported: locoexp loads "
-        "'qwen3', 'qwen3_moe' and 'llama'.",
+        "'qwen3', 'qwen3_moe', 'llama' and 'gemma4_text'.",
     )
+    if model_type == "gemma4_text":
+        return gemma4_architecture(hf)
     require(
         not hf.get("attention_bias", False) and not hf.get("mlp_bias", False),
         "config.json has attention_bias or mlp_bias set: the locoexp decoder has no biases.",
@@ -328,7 +337,7 @@ def read_parameters(directory: pathlib.Path, config: ModelConfig) -> dict[Path, 
                 )
                 path, transpose = names[name]
                 tensor = shard.get_tensor(name)
-                params[path] = tensor.T if transpose else tensor
+                params[path] = np.swapaxes(tensor, -1, -2) if transpose else tensor
     missing = sorted(name for name, (path, _) in names.items() if path not in params)
     require(
         not missing, f"model.checkpoint={directory} lacks the tensor(s) {', '.join(missing[:5])}."
@@ -368,7 +377,7 @@ def save_checkpoint(
     for name, (key, transpose) in tensor_names(config).items():
         expert = _expert_slice(key)
         array = np.asarray(state[key][...] if expert is None else state[expert[0]][...][expert[1]])
-        array = np.ascontiguousarray(array.T if transpose else array)
+        array = np.ascontiguousarray(np.swapaxes(array, -1, -2) if transpose else array)
         if shards[-1] and size + array.nbytes > max_shard_bytes:
             shards.append({})
             size = 0
@@ -390,6 +399,8 @@ def save_checkpoint(
 
 def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> its shape in a checkpoint of `config` (HF Linear: [out, in])."""
+    if config.gemma4:
+        return _traced_hf_shapes(config)
     d, f, hd, v = config.hidden_dim, config.mlp_dim, config.head_dim, config.vocab_size
     q, kv = config.num_heads * hd, config.num_kv_heads * hd
     per_block = {
@@ -465,3 +476,14 @@ def load_model(config: ModelConfig, *, seed: int) -> Transformer:
     if config.checkpoint is None:
         return build_model(config, seed=seed)
     return load_checkpoint(config, str(resolve_checkpoint(config.checkpoint)))
+
+
+def _traced_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, read off the traced model (`jax.eval_shape`, nothing allocated)."""
+    _, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
+    shapes = {key: variable.shape for key, variable in nnx.to_flat_state(state)}
+    result = {}
+    for name, (path, transpose) in tensor_names(config).items():
+        shape = shapes[path]
+        result[name] = (*shape[:-2], shape[-1], shape[-2]) if transpose else shape
+    return result

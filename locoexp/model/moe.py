@@ -21,6 +21,7 @@ Shapes: N tokens, D width, E experts, k experts per token, I expert width.
 """
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -63,17 +64,25 @@ def route(logits: Array, k: int, normalize: bool) -> tuple[Array, Array, Array]:
 
 
 def expert_outputs(
-    x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array
+    x: Array,
+    experts: Array,
+    weights: Array,
+    gate: Array,
+    up: Array,
+    down: Array,
+    *,
+    activation: Callable[[Array], Array] = jax.nn.silu,
 ) -> Array:
-    """sum_j weights[n, j] * SwiGLU_{experts[n, j]}(x[n]): x [N, D], experts and weights [N, k],
-    gate and up [E, D, I], down [E, I, D] -> [N, D], one grouped matmul per projection."""
+    """sum_j weights[n, j] * GLU_{experts[n, j]}(x[n]): x [N, D], experts and weights [N, k],
+    gate and up [E, D, I], down [E, I, D] -> [N, D], one grouped matmul per projection; the
+    gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4)."""
     n, k = experts.shape
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
     token = order // k
     group_sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
     routed = x[token]  # [N*k, D]: the routed tokens' buffer
-    hidden = jax.nn.silu(jax.lax.ragged_dot(routed, gate, group_sizes)) * jax.lax.ragged_dot(
+    hidden = activation(jax.lax.ragged_dot(routed, gate, group_sizes)) * jax.lax.ragged_dot(
         routed, up, group_sizes
     )
     out = jax.lax.ragged_dot(hidden, down, group_sizes)  # [N*k, D]
@@ -105,15 +114,18 @@ class MoE(nnx.Module):
         out = expert_outputs(
             flat, experts, weights, self.gate_proj[...], self.up_proj[...], self.down_proj[...]
         )
-        mask = jnp.ones(flat.shape[0], jnp.float32) if real is None else real.reshape(-1)
-        mask = mask.astype(jnp.float32)
-        chosen = jax.nn.one_hot(experts, probs.shape[-1], dtype=jnp.float32).sum(axis=1)
-        stats = RouterStats(
-            slots=(chosen * mask[:, None]).sum(0),
-            probs=(probs * mask[:, None]).sum(0),
-            rows=mask.sum(),
-        )
-        return out.reshape(*lead, -1), stats
+        return out.reshape(*lead, -1), router_stats(probs, experts, real)
+
+
+def router_stats(probs: Array, experts: Array, real: Array | None) -> RouterStats:
+    """One layer's statistics from its router probabilities [N, E] and chosen experts [N, k]
+    over the tokens where `real` (any shape of N elements) is True; every token when None."""
+    mask = jnp.ones(probs.shape[0], jnp.float32) if real is None else real.reshape(-1)
+    mask = mask.astype(jnp.float32)
+    chosen = jax.nn.one_hot(experts, probs.shape[-1], dtype=jnp.float32).sum(axis=1)
+    return RouterStats(
+        slots=(chosen * mask[:, None]).sum(0), probs=(probs * mask[:, None]).sum(0), rows=mask.sum()
+    )
 
 
 def no_router_stats(num_experts: int) -> RouterStats:

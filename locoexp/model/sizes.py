@@ -33,8 +33,15 @@ def count_traced_parameters(config: ModelConfig) -> int:
 
 
 def count_parameters(config: ModelConfig) -> int:
-    """Total parameters, embeddings (and an untied output head) included."""
+    """Total parameters, embeddings (and an untied output head) included. Gemma4 has two kinds
+    of block: a 1-layer trace is one global block, a 2-layer trace at every=2 adds a local one."""
     one = count_traced_parameters(dataclasses.replace(config, num_layers=1))
+    if config.gemma4:
+        pair = dataclasses.replace(config, num_layers=2, global_attention_every=2)
+        local = count_traced_parameters(pair) - one
+        globals_ = sum(config.is_global_layer(i) for i in range(config.num_layers))
+        global_ = one - count_embedding_parameters(config) - config.hidden_dim
+        return one + (globals_ - 1) * global_ + (config.num_layers - globals_) * local
     two = count_traced_parameters(dataclasses.replace(config, num_layers=2))
     return one + (config.num_layers - 1) * (two - one)
 
@@ -45,11 +52,17 @@ def count_embedding_parameters(config: ModelConfig) -> int:
     return tables * config.vocab_size * config.hidden_dim
 
 
-def count_block_parameters(config: ModelConfig, *, experts: int | None = None) -> int:
+def count_block_parameters(
+    config: ModelConfig, *, experts: int | None = None, layer: int | None = None
+) -> int:
     """One decoder block: attention (+ q/k norms) + SwiGLU MLP + its two RMSNorm scales. A
     mixture-of-experts block holds the router [D, E] and E expert MLPs instead of the MLP;
-    `experts` counts only that many of them (the top-k a token uses: the active parameters)."""
+    `experts` counts only that many of them (the top-k a token uses: the active parameters).
+    Gemma4: block `layer`'s (default the largest, a global one; `_gemma4_block`)."""
     c = config
+    if c.gemma4:
+        return _gemma4_block(c, c.is_global_layer(c.num_layers - 1 if layer is None else layer),
+                             experts)  # fmt: skip
     attention = c.hidden_dim * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q,o and k,v
     qk_norms = 2 * c.head_dim if c.qk_norm else 0
     mlp = 3 * c.hidden_dim * c.mlp_dim  # gate, up, down
@@ -68,17 +81,36 @@ def count_expert_parameters(config: ModelConfig) -> int:
 
 def count_active_parameters(config: ModelConfig) -> int:
     """Parameters one token's forward uses: every dense part, the router and its top-k experts
-    (the "A3B" of Qwen3-30B-A3B); the total for a dense model."""
+    (the "A3B" of Qwen3-30B-A3B, the "A4B" of Gemma4-26B-A4B); the total for a dense model."""
     if not config.moe:
         return count_parameters_by_formula(config)
-    block = count_block_parameters(config, experts=config.experts_per_token)
-    return count_embedding_parameters(config) + config.num_layers * block + config.hidden_dim
+    return _sum_blocks(config, experts=config.experts_per_token)
 
 
 def count_parameters_by_formula(config: ModelConfig) -> int:
-    """Closed form: embeddings + L x block + the final norm."""
-    return (
-        count_embedding_parameters(config)
-        + config.num_layers * count_block_parameters(config)
-        + config.hidden_dim
+    """Closed form: embeddings + the blocks + the final norm."""
+    return _sum_blocks(config, experts=None)
+
+
+def _sum_blocks(config: ModelConfig, *, experts: int | None) -> int:
+    blocks = sum(
+        count_block_parameters(config, experts=experts, layer=i) for i in range(config.num_layers)
     )
+    return count_embedding_parameters(config) + blocks + config.hidden_dim
+
+
+def _gemma4_block(config: ModelConfig, is_global: bool, experts: int | None) -> int:
+    """Gemma4's block (`locoexp/model/gemma4.py`): its attention geometry by kind (a global
+    one with `global_key_is_value` has no v_proj), q/k norms, the GeLU MLP, 4 sandwich norms
+    and the layer scalar; with experts, the router (projection, scale, per-expert scale), the
+    experts and 3 more norms."""
+    c = config
+    kv_heads, h = c.layer_kv_shape(c.num_layers - 1 if is_global else 0)
+    kv_projections = 1 if is_global and c.global_key_is_value else 2
+    attention = c.hidden_dim * h * (2 * c.num_heads + kv_projections * kv_heads) + 2 * h
+    block = attention + 3 * c.hidden_dim * c.mlp_dim + 4 * c.hidden_dim + 1
+    if c.moe:
+        used = c.num_experts if experts is None else experts
+        router = c.hidden_dim * c.num_experts + c.hidden_dim + c.num_experts
+        block += router + used * 3 * c.hidden_dim * c.expert_mlp_dim + 3 * c.hidden_dim
+    return block

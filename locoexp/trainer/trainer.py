@@ -190,6 +190,7 @@ class Trainer:
             aggregation=algo.loss_aggregation,
             temperature=temperature,
             chunk=config.logit_chunk_tokens,
+            softcap=model.config.final_logit_softcap,
         )
         self.attention = AttentionSpec(
             kind=config.attention, block_tokens=config.attention_block_tokens
