@@ -1,6 +1,6 @@
 """The plan counts a mixture-of-experts engine replica exactly: the experts are replicated on
 every device of a tensor-parallel replica (the engine has no expert axis), only attention and
-dense-MLP kernels are split; so Gemma4-26B's float32 weights alone fill a v7x device per TP1 replica."""
+dense-MLP kernels are split; so Gemma4-26B's float32 weights alone fill a v7x device at TP1."""
 
 from model_options import load_model_option
 
