@@ -50,14 +50,15 @@ def _spec(**changes) -> HeadLossSpec:
 
 
 @pytest.mark.parametrize(
-    ("tied", "aggregation", "kl_coef"),
+    ("tied", "aggregation", "kl_coef", "softcap"),
     [
-        (True, LossAggregation.token_mean, 0.0),
-        (False, LossAggregation.constant, 0.1),
-        (True, LossAggregation.constant, 0.1),
+        (True, LossAggregation.token_mean, 0.0, 0.0),
+        (False, LossAggregation.constant, 0.1, 0.0),
+        (True, LossAggregation.constant, 0.1, 0.0),
+        (True, LossAggregation.token_mean, 0.1, 0.5),  # Gemma4's soft-capped logits
     ],
 )
-def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef):
+def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef, softcap):
     config = ModelConfig(
         vocab_size=32,
         hidden_dim=16,
@@ -66,10 +67,12 @@ def test_fused_head_loss_and_gradients_equal_autodiff(tied, aggregation, kl_coef
         num_kv_heads=1,
         head_dim=8,
         tie_embeddings=tied,
+        final_logit_softcap=softcap,  # model.logits caps, so `plain` below does too
+        init_std=0.5 if softcap else 0.02,  # logits large enough for the cap to bend them
     )
     graphdef, params = nnx.split(build_model(config, seed=0), nnx.Param)
     batch = _batch(k_pad=28)  # not a multiple of the chunk: the last chunk is padded
-    spec = _spec(kl_coef=kl_coef, aggregation=aggregation)
+    spec = _spec(kl_coef=kl_coef, aggregation=aggregation, softcap=softcap)
 
     def fused(p):
         model = nnx.merge(graphdef, p)

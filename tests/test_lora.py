@@ -153,8 +153,8 @@ def test_exported_adapter_loads_in_peft_beside_the_merged_policy(peft_reference,
 
 def test_plan_counts_gradients_and_adamw_state_of_the_adapters_only():
     from locoexp.compose import compose_config  # noqa: PLC0415
-    from locoexp.session.build import plan_setup  # noqa: PLC0415
     from locoexp.planner.fit import resolve_plan  # noqa: PLC0415
+    from locoexp.session.build import plan_setup  # noqa: PLC0415
 
     cell = ["model=qwen3_1_7b", "hardware=tpu_v7x_4", "dataset=gsm8k", "algo.kl_coef=0.08"]
     full = resolve_plan(plan_setup(compose_config(cell)))

@@ -34,12 +34,18 @@ class AttentionSpec:
 
     kind: AttentionKind = AttentionKind.dense
     block_tokens: int = ATTENTION_BLOCK_TOKENS
+    # Sliding-window attention (Gemma4's local layers): a query attends only to the keys less
+    # than `window` tokens behind it (HF's sliding_window); 0 = the whole causal past.
+    window: int = 0
 
 
-def causal_segment_mask(segment_ids: Array) -> Array:
-    """[B,T] segment ids (0 = padding) -> [B,T,T] mask: same segment and not in the future."""
+def causal_segment_mask(segment_ids: Array, window: int = 0) -> Array:
+    """[B,T] segment ids (0 = padding) -> [B,T,T] mask: same segment and not in the future (and
+    fewer than `window` tokens back when window > 0)."""
     t = segment_ids.shape[-1]
     causal = jnp.tril(jnp.ones((t, t), bool))
+    if window:
+        causal = causal & ~jnp.tril(jnp.ones((t, t), bool), -window)
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     return same & causal & (segment_ids[:, :, None] > 0)
 
@@ -48,13 +54,13 @@ def attend(spec: AttentionSpec, q: Array, k: Array, v: Array, segment_ids: Array
     """Causal, segment-masked attention of packed rows with the kernel `spec.kind`."""
     match spec.kind:
         case AttentionKind.dense:
-            return dense_attention(q, k, v, segment_ids)
+            return dense_attention(q, k, v, segment_ids, spec.window)
         case AttentionKind.blockwise:
-            return blockwise_attention(q, k, v, segment_ids, spec.block_tokens)
+            return blockwise_attention(q, k, v, segment_ids, spec.block_tokens, spec.window)
         case AttentionKind.splash:
-            return splash_attention(q, k, v, segment_ids, interpret=False)
+            return splash_attention(q, k, v, segment_ids, interpret=False, window=spec.window)
         case AttentionKind.cudnn:
-            return cudnn_attention(q, k, v, segment_ids)
+            return cudnn_attention(q, k, v, segment_ids, spec.window)
 
 
 def _grouped(q: Array, kv_heads: int) -> Array:
@@ -63,10 +69,10 @@ def _grouped(q: Array, kv_heads: int) -> Array:
     return q.reshape(b, t, kv_heads, heads // kv_heads, h)
 
 
-def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
+def dense_attention(q: Array, k: Array, v: Array, segment_ids: Array, window: int = 0) -> Array:
     """The reference: [B, K, R, T, T] scores under the [B, T, T] causal segment mask."""
     b, t, heads, h = q.shape
-    mask = causal_segment_mask(segment_ids)
+    mask = causal_segment_mask(segment_ids, window)
     scores = jnp.einsum(
         "btkrh,bskh->bkrts", _grouped(q, k.shape[2]), k, preferred_element_type=jnp.float32
     )
@@ -118,11 +124,13 @@ def _kv_major(x: Array) -> Array:
     return x.transpose(0, 1, 3, 2, 4)
 
 
-def _allowed(seg_q: Array, seg_k: Array, i, j) -> Array:
-    """[B, Q] x [B, C] segment ids of query block i and key block j -> [B, Q, C] mask."""
+def _allowed(seg_q: Array, seg_k: Array, i, j, window: int) -> Array:
+    """[B, Q] x [B, C] segment ids of query block i and key block j -> [B, Q, C] mask (a pair
+    wholly outside the window has no allowed entry, so it is skipped like a future pair)."""
     size = seg_q.shape[-1]
     offsets = jnp.arange(size)
-    causal = (i * size + offsets)[:, None] >= (j * size + offsets)[None, :]
+    behind = (i * size + offsets)[:, None] - (j * size + offsets)[None, :]
+    causal = (behind >= 0) & (behind < window) if window else behind >= 0
     same = seg_q[:, :, None] == seg_k[:, None, :]
     return same & causal & (seg_q[:, :, None] > 0)
 
@@ -140,7 +148,7 @@ def _if_any(allowed: Array, visit, carry):
     return jax.lax.cond(allowed.any(), visit, lambda c: c, carry)
 
 
-def _flash_forward(q, k, v, seg):
+def _flash_forward(q, k, v, seg, window):
     """Blocks (q [n, B, K, R*Q, h] scaled by 1/sqrt(h), k and v [n, B, K, C, h], seg [n, B, Q])
     -> out [n, B, K, R*Q, h] and log-sum-exps [n, B, K, R*Q] (0 where nothing is attended)."""
 
@@ -148,7 +156,7 @@ def _flash_forward(q, k, v, seg):
         qi = q[i]
 
         def key_block(j, carry):
-            allowed = _allowed(seg[i], seg[j], i, j)
+            allowed = _allowed(seg[i], seg[j], i, j, window)
 
             def visit(carry):
                 top, total, acc = carry  # [B, K, R*Q] x2, [B, K, R*Q, h]
@@ -176,7 +184,7 @@ def _flash_forward(q, k, v, seg):
     return jax.lax.map(query_block, jnp.arange(q.shape[0]))
 
 
-def _flash_backward(q, k, v, seg, out, lse, dout):
+def _flash_backward(q, k, v, seg, out, lse, dout, window):
     """dq (by the scaled q), dk, dv blocks from the forward's out and log-sum-exps, recomputing
     each block pair's probabilities (FlashAttention-2's backward): no [T, T] array is formed."""
     n = q.shape[0]
@@ -186,7 +194,7 @@ def _flash_backward(q, k, v, seg, out, lse, dout):
         kj, vj = k[j], v[j]
 
         def query_block(i, carry):
-            allowed = _allowed(seg[i], seg[j], i, j)
+            allowed = _allowed(seg[i], seg[j], i, j, window)
 
             def visit(carry):
                 dk, dv, dq = carry
@@ -218,26 +226,28 @@ def _blocked_inputs(q, k, v, segment_ids, block_tokens):
     return qb, kb, vb, _blocks(segment_ids, size)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def blockwise_attention(q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def blockwise_attention(
+    q: Array, k: Array, v: Array, segment_ids: Array, block_tokens: int, window: int = 0
+):
     """Flash-attention-style attention in blocks of `block_tokens` (both directions); memory is
     O(T) per row plus one block pair's [B, K, R*Q, C] tiles."""
-    out, _ = _blockwise_fwd(q, k, v, segment_ids, block_tokens)
+    out, _ = _blockwise_fwd(q, k, v, segment_ids, block_tokens, window)
     return out
 
 
-def _blockwise_fwd(q, k, v, segment_ids, block_tokens):
-    out, lse = _flash_forward(*_blocked_inputs(q, k, v, segment_ids, block_tokens))
+def _blockwise_fwd(q, k, v, segment_ids, block_tokens, window=0):
+    out, lse = _flash_forward(*_blocked_inputs(q, k, v, segment_ids, block_tokens), window)
     result = _token_major(out, q.shape[2], q.shape[1])
     return result, (q, k, v, segment_ids, out, lse)
 
 
-def _blockwise_bwd(block_tokens, residuals, dout):
+def _blockwise_bwd(block_tokens, window, residuals, dout):
     q, k, v, segment_ids, out, lse = residuals
     qb, kb, vb, sb = _blocked_inputs(q, k, v, segment_ids, block_tokens)
     size = attention_block(q.shape[1], block_tokens)
     dout_b = _heads_major(_blocks(dout, size), k.shape[2])
-    dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b)
+    dq, dk, dv = _flash_backward(qb, kb, vb, sb, out, lse, dout_b, window)
     b, t, scale = q.shape[0], q.shape[1], q.shape[-1] ** -0.5
     dk, dv = (_kv_major(x).swapaxes(0, 1).reshape(b, -1, *k.shape[2:])[:, :t] for x in (dk, dv))
     dq = _token_major(dq, q.shape[2], t) * scale
@@ -250,7 +260,9 @@ blockwise_attention.defvjp(_blockwise_fwd, _blockwise_bwd)
 # ---- backend kernels -------------------------------------------------------------------------
 
 
-def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, interpret: bool):
+def splash_attention(
+    q: Array, k: Array, v: Array, segment_ids: Array, *, interpret: bool, window: int = 0
+):
     """JAX's Pallas splash-attention kernel (TPU; `interpret=True` runs it anywhere, slowly).
     The kernel takes one row of [heads, T, h] and the scale folded into q; rows are vmapped."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
@@ -264,7 +276,12 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, interp
     block = min(512, t)
     if t % block:
         raise ValueError(f"splash attention needs rows that divide into {block}-token blocks")
-    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((t, t))] * heads)
+    one = (
+        mask_lib.LocalMask((t, t), window_size=(window - 1, 0), offset=0)
+        if window
+        else mask_lib.CausalMask((t, t))
+    )
+    mask = mask_lib.MultiHeadMask([one] * heads)
     sizes = kernel_lib.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
@@ -284,11 +301,12 @@ def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, interp
     return jax.vmap(one_row)(q, k, v, segment_ids)
 
 
-def cudnn_attention(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
+def cudnn_attention(q: Array, k: Array, v: Array, segment_ids: Array, window: int = 0) -> Array:
     """cuDNN's fused attention (GPU). `jax.nn.dot_product_attention` takes no segment ids, so
     the packed-segment mask goes in as a [B, 1, T, T] boolean mask (T^2 bytes per row; the
     scores themselves stay inside the kernel)."""
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     return jax.nn.dot_product_attention(
-        q, k, v, mask=same[:, None], is_causal=True, implementation="cudnn"
-    )
+        q, k, v, mask=same[:, None], is_causal=True, implementation="cudnn",
+        local_window_size=(window - 1, 0) if window else None,
+    )  # fmt: skip

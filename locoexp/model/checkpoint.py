@@ -14,6 +14,7 @@ resolved from the local cache by `locoexp.model.hub`).
 import json
 import math
 import pathlib
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,11 @@ from safetensors.numpy import save_file
 
 from locoexp.errors import ConfigError, require
 from locoexp.model.config import ModelConfig
+from locoexp.model.gemma4_checkpoint import (
+    gemma4_architecture,
+    gemma4_hf_config,
+    gemma4_layer_names,
+)
 from locoexp.model.hub import resolve_checkpoint
 from locoexp.model.transformer import Transformer, build_model
 
@@ -50,6 +56,49 @@ _QK_NORM = {  # Qwen3 only
     "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), False),
     "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), False),
 }
+_DENSE_MLP = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+# Qwen3-MoE: the router, and expert j's projections as slice j of the stacked [E, ...] kernels
+# (a path ending in the expert index; `_stack_experts` assembles them).
+_ROUTER = {"mlp.gate.weight": (("mlp", "router"), True)}
+_EXPERT = {
+    "gate_proj.weight": (("mlp", "gate_proj"), True),
+    "up_proj.weight": (("mlp", "up_proj"), True),
+    "down_proj.weight": (("mlp", "down_proj"), True),
+}
+
+
+def _block_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
+    """One block's HF tensor names (under model.layers.N) -> (NNX path, transposed)."""
+    block = _BLOCK | (_QK_NORM if config.qk_norm else {})
+    if not config.moe:
+        return block
+    block = {name: entry for name, entry in block.items() if name not in _DENSE_MLP} | _ROUTER
+    for j in range(config.num_experts):
+        for name, (path, transpose) in _EXPERT.items():
+            block[f"mlp.experts.{j}.{name}"] = ((*path, j), transpose)
+    return block
+
+
+def _expert_slice(path: Path) -> tuple[Path, int] | None:
+    """(stacked parameter path, expert index) when `path` names one expert's slice."""
+    if len(path) == 5 and path[2] == "mlp" and isinstance(path[4], int):
+        return path[:4], path[4]
+    return None
+
+
+def _stack_experts(params: dict[Path, np.ndarray]) -> dict[Path, np.ndarray]:
+    """Per-expert [D, I] / [I, D] slices -> the stacked [E, D, I] / [E, I, D] parameters."""
+    slices: dict[Path, dict[int, np.ndarray]] = {}
+    stacked = {}
+    for path, array in params.items():
+        owner = _expert_slice(path)
+        if owner is None:
+            stacked[path] = array
+        else:
+            slices.setdefault(owner[0], {})[owner[1]] = array
+    for path, by_expert in slices.items():
+        stacked[path] = np.stack([by_expert[j] for j in range(len(by_expert))])
+    return stacked
 
 
 def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
@@ -60,15 +109,17 @@ def tensor_names(config: ModelConfig) -> dict[str, tuple[Path, bool]]:
     }
     if not config.tie_embeddings:
         names["lm_head.weight"] = (("lm_head", "kernel"), True)
-    block = _BLOCK | (_QK_NORM if config.qk_norm else {})
     for i in range(config.num_layers):
+        block = gemma4_layer_names(config, i) if config.gemma4 else _block_names(config)
         for name, (path, transpose) in block.items():
             names[f"model.layers.{i}.{name}"] = (("layers", i, *path), transpose)
     return names
 
 
 def hf_config(config: ModelConfig) -> dict:
-    """The config.json of `config`, in the keys Qwen3 / Llama checkpoints on the hub use."""
+    """The config.json of `config`, in the keys Qwen3 / Llama / Gemma4 checkpoints use."""
+    if config.gemma4:
+        return gemma4_hf_config(config)
     rope_scaling = None
     if config.rope_scaling_factor != 1.0:
         rope_scaling = {
@@ -79,9 +130,23 @@ def hf_config(config: ModelConfig) -> dict:
             "original_max_position_embeddings": config.rope_original_max_positions,
         }
     model_type = "qwen3" if config.qk_norm else "llama"
+    architecture = "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
+    experts = {}
+    if config.moe:
+        model_type, architecture = "qwen3_moe", "Qwen3MoeForCausalLM"
+        experts = {
+            "num_experts": config.num_experts,
+            "num_experts_per_tok": config.experts_per_token,
+            "moe_intermediate_size": config.expert_mlp_dim,
+            "norm_topk_prob": config.normalize_top_k,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "router_aux_loss_coef": config.router_aux_loss_coef,
+        }
     return {
-        "architectures": ["Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"],
+        "architectures": [architecture],
         "model_type": model_type,
+        **experts,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_dim,
         "intermediate_size": config.mlp_dim,
@@ -126,10 +191,12 @@ def architecture_of(hf: dict) -> dict:
     """config.json -> the `ModelConfig` fields it determines (same names as the schema)."""
     model_type = hf.get("model_type")
     require(
-        model_type in ("qwen3", "llama"),
+        model_type in ("qwen3", "llama", "qwen3_moe", "gemma4_text"),
         f"config.json model_type={model_type!r} is not supported: locoexp loads "
-        "'qwen3' and 'llama'.",
+        "'qwen3', 'qwen3_moe', 'llama' and 'gemma4_text'.",
     )
+    if model_type == "gemma4_text":
+        return gemma4_architecture(hf)
     require(
         not hf.get("attention_bias", False) and not hf.get("mlp_bias", False),
         "config.json has attention_bias or mlp_bias set: the locoexp decoder has no biases.",
@@ -149,9 +216,29 @@ def architecture_of(hf: dict) -> dict:
         "num_kv_heads": hf.get("num_key_value_heads") or heads,
         "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
         "rms_norm_eps": hf["rms_norm_eps"],
-        "qk_norm": model_type == "qwen3",
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
         "tie_embeddings": hf.get("tie_word_embeddings", False),
         **_rope(hf),
+        **(_experts(hf) if model_type == "qwen3_moe" else {}),
+    }
+
+
+def _experts(hf: dict) -> dict:
+    """A qwen3_moe config.json's expert fields (every block sparse, as Qwen3-30B-A3B)."""
+    require(
+        hf.get("decoder_sparse_step", 1) == 1 and not hf.get("mlp_only_layers"),
+        "config.json has decoder_sparse_step != 1 or mlp_only_layers: locoexp's Qwen3-MoE makes "
+        "every block sparse.",
+    )
+    require(
+        not hf.get("use_sliding_window", False),
+        "config.json has use_sliding_window set: locoexp's Qwen3-MoE attends over full rows.",
+    )
+    return {
+        "num_experts": hf.get("num_experts") or hf["num_local_experts"],
+        "experts_per_token": hf["num_experts_per_tok"],
+        "expert_mlp_dim": hf["moe_intermediate_size"],
+        "normalize_top_k": hf.get("norm_topk_prob", False),
     }
 
 
@@ -250,12 +337,12 @@ def read_parameters(directory: pathlib.Path, config: ModelConfig) -> dict[Path, 
                 )
                 path, transpose = names[name]
                 tensor = shard.get_tensor(name)
-                params[path] = tensor.T if transpose else tensor
+                params[path] = np.swapaxes(tensor, -1, -2) if transpose else tensor
     missing = sorted(name for name, (path, _) in names.items() if path not in params)
     require(
         not missing, f"model.checkpoint={directory} lacks the tensor(s) {', '.join(missing[:5])}."
     )
-    return params
+    return _stack_experts(params)
 
 
 def load_checkpoint(config: ModelConfig, directory: str) -> Transformer:
@@ -288,8 +375,9 @@ def save_checkpoint(
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, (key, transpose) in tensor_names(config).items():
-        array = np.asarray(state[key][...])
-        array = np.ascontiguousarray(array.T if transpose else array)
+        expert = _expert_slice(key)
+        array = np.asarray(state[key][...] if expert is None else state[expert[0]][...][expert[1]])
+        array = np.ascontiguousarray(np.swapaxes(array, -1, -2) if transpose else array)
         if shards[-1] and size + array.nbytes > max_shard_bytes:
             shards.append({})
             size = 0
@@ -311,6 +399,8 @@ def save_checkpoint(
 
 def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> its shape in a checkpoint of `config` (HF Linear: [out, in])."""
+    if config.gemma4:
+        return _traced_hf_shapes(config)
     d, f, hd, v = config.hidden_dim, config.mlp_dim, config.head_dim, config.vocab_size
     q, kv = config.num_heads * hd, config.num_kv_heads * hd
     per_block = {
@@ -325,6 +415,10 @@ def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         "post_attention_layernorm.weight": (d,),
         "self_attn.q_norm.weight": (hd,),
         "self_attn.k_norm.weight": (hd,),
+        "mlp.gate.weight": (config.num_experts, d),
+        "mlp.experts.*.gate_proj.weight": (config.expert_mlp_dim, d),
+        "mlp.experts.*.up_proj.weight": (config.expert_mlp_dim, d),
+        "mlp.experts.*.down_proj.weight": (d, config.expert_mlp_dim),
     }
     shapes = {
         "model.embed_tokens.weight": (v, d),
@@ -333,7 +427,7 @@ def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     for name in tensor_names(config):
         if name.startswith("model.layers."):
-            shapes[name] = per_block[name.split(".", 3)[3]]
+            shapes[name] = per_block[re.sub(r"experts\.\d+\.", "experts.*.", name.split(".", 3)[3])]
     return {name: shapes[name] for name in tensor_names(config)}
 
 
@@ -382,3 +476,14 @@ def load_model(config: ModelConfig, *, seed: int) -> Transformer:
     if config.checkpoint is None:
         return build_model(config, seed=seed)
     return load_checkpoint(config, str(resolve_checkpoint(config.checkpoint)))
+
+
+def _traced_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, read off the traced model (`jax.eval_shape`, nothing allocated)."""
+    _, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
+    shapes = {key: variable.shape for key, variable in nnx.to_flat_state(state)}
+    result = {}
+    for name, (path, transpose) in tensor_names(config).items():
+        shape = shapes[path]
+        result[name] = (*shape[:-2], shape[-1], shape[-2]) if transpose else shape
+    return result

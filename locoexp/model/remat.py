@@ -31,11 +31,17 @@ def checkpoint_policy(policy: RematPolicy) -> Callable | None:
 
 def call_block(block: nnx.Module, x: jax.Array, policy: RematPolicy, **kwargs) -> jax.Array:
     """block(x, **kwargs)[0], its activations kept or recomputed as `policy` says."""
+    return call_block_outputs(block, x, policy, **kwargs)[0]
+
+
+def call_block_outputs(block: nnx.Module, x: jax.Array, policy: RematPolicy, **kwargs) -> tuple:
+    """Every output of block(x, **kwargs) (hidden states, cache and, for a mixture-of-experts
+    block, its router statistics), its activations kept or recomputed as `policy` says."""
     if policy is RematPolicy.none:
-        return block(x, **kwargs)[0]
+        return block(x, **kwargs)
     graphdef, state = nnx.split(block)
 
     def run(state, x):
-        return nnx.merge(graphdef, state)(x, **kwargs)[0]
+        return nnx.merge(graphdef, state)(x, **kwargs)
 
     return jax.checkpoint(run, policy=checkpoint_policy(policy))(state, x)

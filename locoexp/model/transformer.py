@@ -1,4 +1,4 @@
-"""The dense decoder (Qwen3; Llama-3.1 with `qk_norm=False`) in Flax NNX.
+"""The decoder (Qwen3; Llama-3.1 with `qk_norm=False`; Qwen3-MoE with `num_experts > 0`) in NNX.
 
 One implementation serves training (full sequences, packed rows with segment masks) and
 generation (a KV cache written at a given slot). It owns the numerics of the forward pass only:
@@ -18,9 +18,17 @@ from flax import nnx
 
 from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask
 from locoexp.model.config import ModelConfig, RematPolicy
-from locoexp.model.remat import call_block
+from locoexp.model.moe import MoE, RouterStats, load_balancing_loss, no_router_stats
+from locoexp.model.remat import call_block_outputs
 
-__all__ = ["Transformer", "build_model", "causal_segment_mask", "init_cache"]
+__all__ = [
+    "Transformer",
+    "build_model",
+    "causal_segment_mask",
+    "init_cache",
+    "load_balancing_loss",
+    "router_loss",
+]
 
 Array = jax.Array
 KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, E, h]
@@ -44,7 +52,7 @@ class Linear(nnx.Linear):
         return super().__call__(x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
 
 
-def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs) -> Linear:
+def linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs) -> Linear:
     dtype = _dtype(config)
     return Linear(
         d_in,
@@ -105,10 +113,10 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = _linear(c.hidden_dim, c.num_heads * c.head_dim, c, rngs)
-        self.k_proj = _linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
-        self.v_proj = _linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
-        self.o_proj = _linear(c.num_heads * c.head_dim, c.hidden_dim, c, rngs)
+        self.q_proj = linear(c.hidden_dim, c.num_heads * c.head_dim, c, rngs)
+        self.k_proj = linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
+        self.v_proj = linear(c.hidden_dim, c.num_kv_heads * c.head_dim, c, rngs)
+        self.o_proj = linear(c.num_heads * c.head_dim, c.hidden_dim, c, rngs)
         self.qk_norm = c.qk_norm
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, _dtype(c))
@@ -124,7 +132,7 @@ class Attention(nnx.Module):
         holding real tokens (see `attend_cached`). The trainer path passes `segment_ids` [B,T]
         and an `AttentionSpec` instead of a mask."""
         b, t, _ = x.shape
-        k_heads, r, h = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        k_heads, h = self.num_kv_heads, self.head_dim
         q = self.q_proj(x).reshape(b, t, self.num_heads, h)
         k = self.k_proj(x).reshape(b, t, k_heads, h)
         v = self.v_proj(x).reshape(b, t, k_heads, h)
@@ -137,16 +145,28 @@ class Attention(nnx.Module):
         if cache is not None:
             out, cache = attend_cached(q, k, v, mask, cache, cache_index)
             return self.o_proj(out), cache
-        q = q.reshape(b, t, k_heads, r, h)
-        scores = jnp.einsum("btkrh,bskh->bkrts", q, k, preferred_element_type=jnp.float32)
-        scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, self.num_heads * h)
-        return self.o_proj(out), cache
+        return self.o_proj(masked_attention(q, k, v, mask)), cache
+
+
+def masked_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """q [B,T,H,h], k/v [B,T,K,h] under mask [B,T,T] (True = may attend) -> [B,T,H*h]."""
+    b, t, heads, h = q.shape
+    k_heads = k.shape[2]
+    q = q.reshape(b, t, k_heads, heads // k_heads, h)
+    scores = jnp.einsum("btkrh,bskh->bkrts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkrts,bskh->btkrh", probs, v).reshape(b, t, heads * h)
 
 
 def attend_cached(
-    q: Array, k: Array, v: Array, valid: Array, cache: tuple[Array, Array], cache_index
+    q: Array,
+    k: Array,
+    v: Array,
+    valid: Array,
+    cache: tuple[Array, Array],
+    cache_index,
+    window: int = 0,
 ) -> tuple[Array, tuple[Array, Array]]:
     """Attention of T new tokens over a KV cache: q [B,T,H,h], k/v [B,T,K,h], valid [B,S] ->
     out [B,T,H*h] and the cache with the new keys/values written at [cache_index, +T).
@@ -154,7 +174,9 @@ def attend_cached(
     New token i sits at slot cache_index + i and attends every valid slot up to its own, so the
     scores are [B,H,T,S] per layer: one row per new token during decode (T = 1), one chunk of
     the prompt during chunked prefill, never [S,S]. A cache of E > K heads holds each KV head
-    E/K times (a tensor-parallel engine with more devices than KV heads, as vLLM does)."""
+    E/K times (a tensor-parallel engine with more devices than KV heads, as vLLM does). With
+    `window` > 0 a token attends only the slots fewer than `window` behind it (Gemma4's local
+    layers; a row's slots are consecutive positions, so slot distance is token distance)."""
     b, t, heads, h = q.shape
     e = cache[0].shape[2]
     if e != k.shape[2]:
@@ -166,7 +188,8 @@ def attend_cached(
         cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0)
     )
     slots = cache_k.shape[1]
-    causal = jnp.arange(slots)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
+    behind = (cache_index + jnp.arange(t))[:, None] - jnp.arange(slots)[None, :]  # [T, S]
+    causal = (behind >= 0) & (behind < window) if window else behind >= 0
     mask = causal[None] & valid[:, None, :]
     q = q.reshape(b, t, e, heads // e, h)
     scores = jnp.einsum("btkrh,bskh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
@@ -180,9 +203,9 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
-        self.gate_proj = _linear(config.hidden_dim, config.mlp_dim, config, rngs)
-        self.up_proj = _linear(config.hidden_dim, config.mlp_dim, config, rngs)
-        self.down_proj = _linear(config.mlp_dim, config.hidden_dim, config, rngs)
+        self.gate_proj = linear(config.hidden_dim, config.mlp_dim, config, rngs)
+        self.up_proj = linear(config.hidden_dim, config.mlp_dim, config, rngs)
+        self.down_proj = linear(config.mlp_dim, config.hidden_dim, config, rngs)
 
     def __call__(self, x: Array) -> Array:
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -196,14 +219,75 @@ class Block(nnx.Module):
         self.input_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
         self.attn = Attention(config, rngs)
         self.post_attn_norm = RMSNorm(config.hidden_dim, config.rms_norm_eps, dtype)
-        self.mlp = MLP(config, rngs)
+        self.mlp = self.build_mlp(config, rngs)
 
-    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+    @staticmethod
+    def build_mlp(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+        return MLP(config, rngs)
+
+    def attend(self, x, positions, mask, inv_freq, cache, cache_index, **packed):
+        """The attention half: x + attn(norm(x)) and the cache."""
         attn_out, cache = self.attn(
             self.input_norm(x), positions, mask, inv_freq, cache, cache_index, **packed
         )
-        x = x + attn_out
+        return x + attn_out, cache
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+        x, cache = self.attend(x, positions, mask, inv_freq, cache, cache_index, **packed)
         return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+class MoEBlock(Block):
+    """Qwen3-MoE's block: the dense block with the sparse mixture of experts as its MLP. It also
+    returns its router statistics over the real tokens (segment id > 0 when packed)."""
+
+    @staticmethod
+    def build_mlp(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+        return MoE(config, rngs)
+
+    def __call__(self, x, positions, mask, inv_freq, cache=None, cache_index=None, **packed):
+        x, cache = self.attend(x, positions, mask, inv_freq, cache, cache_index, **packed)
+        real = packed["segment_ids"] > 0 if packed else None
+        out, stats = self.mlp(self.post_attn_norm(x), real)
+        return x + out, cache, stats
+
+
+def layer_block(config: ModelConfig, layer: int):
+    """The block class (or a partial of it) layer `layer` of `config` uses: the dense block, the
+    mixture-of-experts block, or Gemma4's local or global block."""
+    if config.gemma4:
+        return _gemma4_block(config.is_global_layer(layer))
+    return MoEBlock if config.moe else Block
+
+
+@functools.cache
+def _gemma4_block(is_global: bool):
+    # one partial per layer kind, so `build_model` compiles each kind's init once; gemma4.py
+    # builds on this module's layers, hence the import here
+    from locoexp.model.gemma4 import Gemma4Block
+
+    return functools.partial(Gemma4Block, is_global=is_global)
+
+
+def rope_frequencies(config: ModelConfig):
+    """The RoPE frequencies the blocks take: [h/2], or Gemma4's (local, global) pair."""
+    if not config.gemma4:
+        return rope_inverse_frequencies(config)
+    return (
+        proportional_frequencies(config.rope_theta, config.head_dim, 1.0),
+        proportional_frequencies(
+            config.global_rope_theta, config.global_head_dim, config.global_rotary_fraction
+        ),
+    )
+
+
+def proportional_frequencies(theta: float, head_dim: int, fraction: float) -> Array:
+    """Per-pair RoPE frequencies [h/2]: the first int(fraction * h / 2) pairs rotate at
+    theta^(-2i/h), the rest not at all (HF's "proportional" RoPE of Gemma4's global layers;
+    fraction 1 is default RoPE)."""
+    rotated = int(fraction * head_dim // 2)
+    inv_freq = 1.0 / (theta ** (jnp.arange(rotated, dtype=jnp.float32) * 2 / head_dim))
+    return jnp.concatenate([inv_freq, jnp.zeros(head_dim // 2 - rotated, jnp.float32)])
 
 
 def _embedding(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
@@ -224,7 +308,7 @@ def _final_norm(config: ModelConfig, rngs: nnx.Rngs) -> RMSNorm:
 
 
 def _output_head(config: ModelConfig, rngs: nnx.Rngs) -> Linear:
-    return _linear(config.hidden_dim, config.vocab_size, config, rngs)
+    return linear(config.hidden_dim, config.vocab_size, config, rngs)
 
 
 class Transformer(nnx.Module):
@@ -234,7 +318,9 @@ class Transformer(nnx.Module):
         # `build_model` initialises the same parts in the same order, one program per part
         self.config = config
         self.embed = _embedding(config, rngs)
-        self.layers = nnx.List([Block(config, rngs) for _ in range(config.num_layers)])
+        self.layers = nnx.List(
+            [layer_block(config, i)(config, rngs) for i in range(config.num_layers)]
+        )
         self.final_norm = _final_norm(config, rngs)
         if not config.tie_embeddings:
             self.lm_head = _output_head(config, rngs)
@@ -254,11 +340,11 @@ class Transformer(nnx.Module):
         are written at slots [cache_index, cache_index + T) and each new token attends the
         valid slots up to its own.
         """
-        inv_freq = rope_inverse_frequencies(self.config)
-        x = self.embed(tokens)
+        inv_freq = rope_frequencies(self.config)
+        x = self.embed_tokens(tokens)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(
+            x, layer_cache, *_ = layer(
                 x, positions, mask, inv_freq, None if cache is None else cache[i], cache_index
             )
             new_cache.append(layer_cache)
@@ -276,22 +362,53 @@ class Transformer(nnx.Module):
         """The trainer's forward: packed rows tokens, positions, segment_ids [B,T] -> final
         hidden states [B,T,D], attending with `attention` and no [T, T] mask; each block's
         activations kept or recomputed as `remat` says."""
-        inv_freq = rope_inverse_frequencies(self.config)
-        x = self.embed(tokens)
+        return self.packed_hidden_and_router(
+            tokens, positions, segment_ids, attention=attention, remat=remat
+        )[0]
+
+    def packed_hidden_and_router(
+        self,
+        tokens: Array,
+        positions: Array,
+        segment_ids: Array,
+        *,
+        attention: AttentionSpec,
+        remat: RematPolicy = RematPolicy.none,
+    ) -> tuple[Array, RouterStats | None]:
+        """`packed_hidden` and the router statistics summed over the MoE blocks (None for a
+        dense model): `router_loss` turns them into the load-balancing loss."""
+        inv_freq = rope_frequencies(self.config)
+        x = self.embed_tokens(tokens)
+        stats = no_router_stats(self.config.num_experts) if self.config.moe else None
         for layer in self.layers:
-            x = call_block(
+            x, _, *layer_stats = call_block_outputs(
                 layer, x, remat, positions=positions, mask=None, inv_freq=inv_freq,
                 segment_ids=segment_ids, attention=attention,
             )  # fmt: skip
-        return self.final_norm(x)
+            if layer_stats:
+                stats = stats + layer_stats[0]
+        return self.final_norm(x), stats
+
+    def embed_tokens(self, tokens: Array) -> Array:
+        """tokens [B,T] -> [B,T,D]; Gemma4 scales the embedding by sqrt(D) (in its dtype)."""
+        x = self.embed(tokens)
+        if self.config.gemma4:
+            x = x * jnp.asarray(self.config.hidden_dim**0.5, x.dtype)
+        return x
 
     def logits(self, hidden: Array) -> Array:
-        """Output head: hidden [..., D] -> logits [..., V] in float32."""
+        """Output head: hidden [..., D] -> logits [..., V] in float32 (soft-capped when
+        `final_logit_softcap` > 0: cap * tanh(logits / cap), Gemma4)."""
         if self.config.tie_embeddings:
             out = hidden @ self.embed.embedding[...].T
         else:
             out = self.lm_head(hidden)
-        return out.astype(jnp.float32)
+        return softcap(out.astype(jnp.float32), self.config.final_logit_softcap)
+
+
+def softcap(logits: Array, cap: float) -> Array:
+    """cap * tanh(logits / cap); the logits unchanged when cap is 0."""
+    return cap * jnp.tanh(logits / cap) if cap else logits
 
 
 def init_cache(
@@ -300,10 +417,13 @@ def init_cache(
     """Zeroed KV cache for `batch` rows of `slots` positions and `heads` heads per layer (default
     the KV heads; a multiple of them repeats each KV head, see `attend_cached`)."""
     dtype = dtype or _dtype(config)
-    shape = (batch, slots, heads or config.num_kv_heads, config.head_dim)
-    return tuple(
-        (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers)
-    )
+
+    def layer(i: int) -> tuple[Array, Array]:
+        kv_heads, head_dim = config.layer_kv_shape(i)
+        shape = (batch, slots, max(heads or kv_heads, kv_heads), head_dim)
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+    return tuple(layer(i) for i in range(config.num_layers))
 
 
 def build_model(config: ModelConfig, *, seed: int) -> Transformer:
@@ -328,7 +448,7 @@ def build_model(config: ModelConfig, *, seed: int) -> Transformer:
     parts["embed"], count = init(_embedding, key, count)
     parts["layers"] = {}
     for i in range(config.num_layers):
-        parts["layers"][i], count = init(Block, key, count)
+        parts["layers"][i], count = init(layer_block(config, i), key, count)
     parts["final_norm"], count = init(_final_norm, key, count)
     if not config.tie_embeddings:
         parts["lm_head"], count = init(_output_head, key, count)
@@ -343,3 +463,8 @@ def _init_part(make, key: Array, count: Array, *, config: ModelConfig):
     rngs.params.count[...] = count
     module = make(config, rngs)
     return nnx.to_pure_dict(nnx.state(module, nnx.Param)), rngs.params.count[...]
+
+
+def router_loss(stats: RouterStats | None) -> Array:
+    """The load-balancing loss of a forward's router statistics; 0 for a dense model."""
+    return jnp.zeros((), jnp.float32) if stats is None else load_balancing_loss(stats)

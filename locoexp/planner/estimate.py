@@ -54,10 +54,14 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
 """
 
 import dataclasses
+import functools
 import math
 
+import jax
+
 from locoexp.model.config import DType, ModelConfig, attention_block
-from locoexp.model.sizes import count_block_parameters, count_embedding_parameters
+from locoexp.model.sizes import abstract_params, count_block_parameters, count_embedding_parameters
+from locoexp.rollout.sharding import TENSOR, param_spec
 from locoexp.trainer.config import AttentionKind, RematPolicy
 
 GIB = 2**30
@@ -315,13 +319,30 @@ class EngineMemory:
 def _engine_weight_elements(c: ModelConfig, t: int) -> int:
     """Elements per device of a TP-t replica (locoexp/rollout/sharding.py): q, o and the MLP
     split over t; k and v split too while t <= K, replicated above; embeddings and norms
-    replicated."""
+    replicated. Mixture-of-experts and Gemma4 models are read off the traced model instead."""
+    if c.moe or c.gemma4:
+        return _traced_engine_weight_elements(dataclasses.astuple(c), t)
     q_o = 2 * c.hidden_dim * c.num_heads * c.head_dim // t
     k_v = 2 * c.hidden_dim * c.num_kv_heads * c.head_dim // (t if t <= c.num_kv_heads else 1)
     mlp = 3 * c.hidden_dim * c.mlp_dim // t
     norms = 2 * c.hidden_dim + (2 * c.head_dim if c.qk_norm else 0)
     per_layer = q_o + k_v + mlp + norms
     return c.num_layers * per_layer + count_embedding_parameters(c) + c.hidden_dim
+
+
+@functools.lru_cache(maxsize=16)
+def _traced_engine_weight_elements(fields: tuple, t: int) -> int:
+    """Per-device elements of a TP-t replica of the model whose `ModelConfig` fields are
+    `fields`, from its traced parameters and the engine's own layouts (`param_spec`): the
+    stacked experts [E, ...] are replicated on every device (the engine has no expert axis),
+    Gemma4's global layers have their own shapes."""
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    c = ModelConfig(**dict(zip(names, fields, strict=True)))
+    total = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(c)):
+        split = t if TENSOR in param_spec(path, c, t) else 1
+        total += math.prod(leaf.shape) // split
+    return total
 
 
 def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:

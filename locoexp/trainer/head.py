@@ -38,6 +38,9 @@ class HeadLossSpec:
     aggregation: LossAggregation
     temperature: float
     chunk: int
+    # Gemma4's final logit soft cap (model.final_logit_softcap): cap * tanh(logits / cap) before
+    # the temperature; 0 = none. Capped heads take `_capped_chunk_step`.
+    softcap: float = 0.0
 
 
 # The softmax's shift. Any per-row shift s gives the same log-probs and gradients, so long as
@@ -90,6 +93,8 @@ def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict, ex
     per-term sums, dLoss/dh [C, D], `dweight` [V, D] float32 plus the chunk's dLoss/dW, and
     whether the fast shift overflowed (always False when `exact`: the row max, see
     `_SHIFT_PROBE`). Slots with mask 0 contribute nothing (their dLoss/dlogp is 0)."""
+    if spec.softcap:
+        return _capped_chunk_step(spec, weight, denominator, dweight, h, c)
     scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
     targets = c["targets"]
     # the temperature scales h ([C, D]) rather than the [C, V] logits: no extra [C, V] pass
@@ -118,6 +123,32 @@ def _chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict, ex
     dweight = dweight.at[targets].add(onehot_rows * hidden32)
     sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
     return dweight, loss, sums, dh.astype(h.dtype), overflowed
+
+
+def _capped_chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: dict):
+    """`_chunk_step` for soft-capped logits l = cap * tanh(h W^T / cap) / T (Gemma4). The cap's
+    derivative 1 - tanh^2 is per logit, so dLoss/dlogits is formed as one [C, V] array (the
+    uncapped head keeps it on the [C, D] side); |l| <= cap / T, so the row max shift never
+    overflows and the fast shift is not needed."""
+    scale = 1.0 / spec.temperature if spec.temperature > 0 else 1.0
+    targets = c["targets"]
+    squashed = jnp.tanh((h @ weight.T).astype(jnp.float32) / spec.softcap)  # [C, V]
+    logits = spec.softcap * scale * squashed
+    shift = jnp.max(logits, axis=-1)
+    softmax = jnp.exp(logits - shift[:, None])
+    total = softmax.sum(-1)
+    softmax = softmax / total[:, None]
+    logp = jnp.take_along_axis(logits, targets[:, None], -1)[:, 0] - shift - jnp.log(total)
+    objective = functools.partial(_objective, spec, denominator)
+    (loss, terms), g = jax.value_and_grad(objective, has_aux=True)(logp, c)
+    rows = jnp.arange(targets.shape[0])
+    dlogits = (-g * scale)[:, None] * softmax
+    dlogits = dlogits.at[rows, targets].add(g * scale)
+    dlogits = dlogits * (1.0 - squashed * squashed)  # d/dx cap * tanh(x / cap)
+    hidden32, weight32 = h.astype(jnp.float32), weight.astype(jnp.float32)
+    dweight = dweight + dlogits.T @ hidden32
+    sums = {key: (value * c["mask"]).sum() for key, value in terms.items()}
+    return dweight, loss, sums, (dlogits @ weight32).astype(h.dtype), jnp.zeros((), bool)
 
 
 def slot_fields(spec: HeadLossSpec, batch: TrainBatch) -> dict[str, jax.Array]:

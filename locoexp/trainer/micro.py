@@ -65,15 +65,16 @@ class MicroLayout:
         return x.reshape(d, n * m, *x.shape[3:])[:, :r].reshape(d * r, *x.shape[3:])
 
 
-HiddenFn = Callable[[object, PackedRows], Array]  # (params, one micro-batch's rows) -> [M, L, D]
+# (params, one micro-batch's rows) -> (hidden [M, L, D], the router's load-balancing loss [])
+HiddenFn = Callable[[object, PackedRows], tuple[Array, Array]]
 
 
 def hidden_in_micro_batches(hidden_fn: HiddenFn, params, rows: PackedRows, layout: MicroLayout):
     """Final hidden states [R, L, D] of every row, one micro-batch at a time (no residuals)."""
     if layout.count == 1:
-        return hidden_fn(params, rows)
+        return hidden_fn(params, rows)[0]
     split = jax.tree.map(layout.split, rows)  # each leaf [n, devices * m, L]
-    return layout.join(jax.lax.map(lambda mb: hidden_fn(params, mb), split))
+    return layout.join(jax.lax.map(lambda mb: hidden_fn(params, mb)[0], split))
 
 
 def group_slots(
@@ -126,21 +127,26 @@ def accumulate_grads(
     groups,
     head_fn: HeadFn,
     carry,
+    *,
+    aux_weight: float = 0.0,
 ):
     """Sum over micro-batches of the decoder's gradient: each micro-batch runs forward under
     `jax.vjp`, `head_fn` turns its hidden states and its slot group (a pytree with leading
     axis n, e.g. `group_slots`) into their cotangent, and the same vjp pulls it back, so the
-    decoder body runs forward once per step. Returns the float32 gradient sum, `head_fn`'s
-    final carry and its per-micro-batch outputs stacked [n, ...]."""
+    decoder body runs forward once per step. The router's load-balancing loss of each
+    micro-batch enters with weight `aux_weight` / n (the mean over micro-batches: a batch
+    statistic cannot be split into micro-batch sums). Returns the float32 gradient sum,
+    `head_fn`'s final carry and its per-micro-batch outputs and router losses stacked [n, ...]."""
     split = jax.tree.map(layout.split, rows)
 
     def add(state, xs):
         total, carry = state
         mb, group = xs
-        hidden, pull_back = jax.vjp(lambda p: hidden_fn(p, mb), params)
+        (hidden, aux), pull_back = jax.vjp(lambda p: hidden_fn(p, mb), params)
         dhidden, carry, out = head_fn(hidden, group, carry)
-        (grads,) = pull_back(dhidden)
-        return (jax.tree.map(lambda a, g: a + g.astype(jnp.float32), total, grads), carry), out
+        (grads,) = pull_back((dhidden, jnp.asarray(aux_weight / layout.count, aux.dtype)))
+        total = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), total, grads)
+        return (total, carry), (out, aux)
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     (total, carry), outs = jax.lax.scan(add, (zeros, carry), (split, groups))

@@ -32,7 +32,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.algo.grpo import loss_denominator
 from locoexp.model.attention import AttentionSpec
 from locoexp.model.config import AttentionKind, RematPolicy
-from locoexp.model.transformer import Transformer
+from locoexp.model.transformer import Transformer, router_loss
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 from locoexp.trainer.head import HeadLossSpec, head_grads_at_slots, head_loss, slot_fields
 from locoexp.trainer.micro import (
@@ -176,6 +176,7 @@ class Trainer:
         check_remat_backend(config.remat, jax.default_backend())
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.moe, self.router_aux_loss_coef = model.config.moe, model.config.router_aux_loss_coef
         owners = [d.process_index for d in mesh.devices.flat]
         if owners != sorted(owners):
             raise ValueError("the trainer mesh must list each process's devices contiguously")
@@ -212,6 +213,7 @@ class Trainer:
             aggregation=algo.loss_aggregation,
             temperature=temperature,
             chunk=config.logit_chunk_tokens,
+            softcap=model.config.final_logit_softcap,
         )
         self.attention = AttentionSpec(
             kind=config.attention, block_tokens=config.attention_block_tokens
@@ -287,10 +289,14 @@ class Trainer:
     def _layout(self, batch: TrainBatch) -> MicroLayout:
         return MicroLayout.of(batch.tokens.shape[0], self.devices, self.config.micro_batch_rows)
 
-    def _hidden_fn(self, params, rows: PackedRows, *, frozen) -> jax.Array:
-        """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat."""
+    def _hidden_fn(self, params, rows: PackedRows, *, frozen) -> tuple[jax.Array, jax.Array]:
+        """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat,
+        and the router's load-balancing loss over their real tokens (0 for a dense model)."""
         model = self._model(params, frozen)
-        return row_hidden(model, rows, attention=self.attention, remat=self.config.remat)
+        hidden, stats = model.packed_hidden_and_router(
+            *rows, attention=self.attention, remat=self.config.remat
+        )
+        return hidden, router_loss(stats)
 
     def _loss_hidden(self, params, frozen, batch: TrainBatch) -> jax.Array:
         """Hidden states [K, D] at the loss positions, micro-batch by micro-batch (forward only)."""
@@ -311,11 +317,11 @@ class Trainer:
         """Loss, metrics and gradients with every row's activations alive at once."""
 
         def loss_fn(p):
-            hidden = self._hidden_fn(p, batch.rows, frozen=frozen)
+            hidden, aux = self._hidden_fn(p, batch.rows, frozen=frozen)
+            hidden = at_loss_positions(hidden, batch.loss_index)
             weight = head_weight(self._model(p, frozen))
-            return head_loss(
-                self.loss_spec, at_loss_positions(hidden, batch.loss_index), weight, batch
-            )
+            loss, metrics = head_loss(self.loss_spec, hidden, weight, batch)
+            return self._with_router_loss(loss, metrics, aux)
 
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
@@ -340,7 +346,7 @@ class Trainer:
             )
             return dflat.reshape(hidden.shape), dweight, (loss, sums)
 
-        grads, dweight, (losses, sums) = accumulate_grads(
+        grads, dweight, ((losses, sums), aux) = accumulate_grads(
             functools.partial(self._hidden_fn, frozen=frozen),
             params,
             batch.rows,
@@ -348,12 +354,20 @@ class Trainer:
             (groups, chunks),
             head_fn,
             jnp.zeros(weight.shape, jnp.float32),
+            aux_weight=self.router_aux_loss_coef,
         )
         (head_grads,) = weight_vjp(dweight.astype(weight.dtype))
         grads = jax.tree.map(lambda g, h, p: (g + h).astype(p.dtype), grads, head_grads, params)
         count = jnp.maximum(mask.sum(), 1.0)
         metrics = {key: value.sum() / count for key, value in sums.items()}
-        return (losses.sum(), metrics), grads
+        return self._with_router_loss(losses.sum(), metrics, aux.mean()), grads
+
+    def _with_router_loss(self, loss, metrics, aux):
+        """The GRPO loss plus `model.router_aux_loss_coef` x the load-balancing loss (a
+        mixture-of-experts model; Qwen3-30B-A3B publishes 0.001), the latter as a metric."""
+        if not self.moe:
+            return loss, metrics
+        return loss + self.router_aux_loss_coef * aux, {**metrics, "train/router_loss": aux}
 
     def _loss_and_grads(self, params, frozen, batch: TrainBatch, reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
