@@ -26,7 +26,7 @@ from locoexp.model.config import ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
-from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler
 from locoexp.rollout.engine import padded_prompt_tokens
 from locoexp.trainer.config import TrainerConfig
 
@@ -153,8 +153,10 @@ def _engine_shape(
     rollout: RolloutConfig,
     *,
     sequences: int,
+    requests: int,
     float32_matmuls: bool,
 ) -> EngineShape:
+    continuous = rollout.engine is EngineKind.jax and rollout.scheduler is Scheduler.continuous
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
         sequences_per_replica=sequences,
@@ -163,6 +165,7 @@ def _engine_shape(
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,
         float32_matmuls=float32_matmuls,
+        continuous_requests=requests if continuous else 0,
     )
 
 
@@ -210,7 +213,12 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         xla_cpu=cpu,
     )
     eshape = _engine_shape(
-        m, setup.dataset, setup.rollout, sequences=per_replica, float32_matmuls=cpu
+        m,
+        setup.dataset,
+        setup.rollout,
+        sequences=per_replica,
+        requests=setup.requests_per_engine,
+        float32_matmuls=cpu,
     )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)
