@@ -20,10 +20,7 @@ from tiny_policy import PAD, random_prompts, tiny_model  # noqa: E402
 from locoexp.model.config import DType  # noqa: E402
 from locoexp.model.transformer import init_cache  # noqa: E402
 from locoexp.rollout import sharding  # noqa: E402
-from locoexp.rollout.config import (
-    RolloutConfig,  # noqa: E402
-    SamplingParams,  # noqa: E402
-)
+from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler  # noqa: E402
 from locoexp.rollout.engine import JaxEngine  # noqa: E402
 
 MAX_NEW = 12
@@ -59,19 +56,43 @@ def main(path: str) -> None:
         engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices()[:devices])
         kernel = engine.params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
         out[f"{name}_up_proj_shard_columns"] = kernel.addressable_shards[0].data.shape[1]
-        for label, sampling, seed in (
-            ("greedy", SamplingParams(temperature=0.0), 0),
-            ("sampled", SamplingParams(temperature=1.0), 3),
-        ):
-            rollout = engine.generate(
-                prompts, key=jax.random.key(seed), max_new_tokens=MAX_NEW, sampling=sampling
-            )
+        for label, rollout in greedy_and_sampled(engine, prompts):
             out[f"{name}_{label}_tokens"] = rollout.tokens
             out[f"{name}_{label}_logprobs"] = rollout.logprobs
             out[f"{name}_{label}_waves"] = rollout.waves
         out[f"{name}_logits"] = cached_logits(engine, sequences)
+    out.update(static_waves(model, prompts))
     out.update(bf16_republished(model, prompts))
     np.savez(path, **out)
+
+
+def greedy_and_sampled(engine: JaxEngine, prompts):
+    """(label, rollout) of a greedy and a seeded temperature-1 generation."""
+    for label, sampling, seed in (
+        ("greedy", SamplingParams(temperature=0.0), 0),
+        ("sampled", SamplingParams(temperature=1.0), 3),
+    ):
+        yield (
+            label,
+            engine.generate(
+                prompts, key=jax.random.key(seed), max_new_tokens=MAX_NEW, sampling=sampling
+            ),
+        )
+
+
+def static_waves(model, prompts) -> dict:
+    """Static waves (rollout.scheduler=waves) on DP4 and TP2 x DP2, to set beside the default
+    continuous batching of the same layouts: the same completions request by request."""
+    out = {}
+    for name in ("tp1", "tp2"):
+        tp, devices = LAYOUTS[name]
+        config = RolloutConfig(
+            tensor_parallel=tp, prompt_bucket_tokens=1, capacity=4, scheduler=Scheduler.waves
+        )
+        engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices()[:devices])
+        for label, rollout in greedy_and_sampled(engine, prompts):
+            out[f"waves_{name}_{label}_tokens"] = rollout.tokens
+    return out
 
 
 def bf16_republished(model, prompts) -> dict:

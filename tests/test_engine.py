@@ -28,7 +28,7 @@ from locoexp.errors import ConfigError
 from locoexp.model.config import DType
 from locoexp.model.transformer import Transformer, causal_segment_mask, init_cache
 from locoexp.placement import phases
-from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler
 from locoexp.rollout.engine import JaxEngine, padded_prompt_tokens
 from locoexp.rollout.protocol import Engine
 from locoexp.rollout.sampling import sample_tokens
@@ -221,7 +221,8 @@ def test_left_padded_prompts_complete_as_each_prompt_alone(engine, prompts):
     np.testing.assert_allclose(batch.logprobs[n], alone.logprobs[0], atol=1e-5, rtol=0)
 
 
-def test_capacity_below_requests_generates_in_waves_with_one_wave_results(model):
+@pytest.mark.parametrize("scheduler", list(Scheduler))
+def test_capacity_below_requests_generates_the_one_wave_results(model, scheduler):
     prompts = random_prompts((3, 5, 9, 4, 7, 2, 6, 8, 5, 3), seed=4)
     greedy = greedy_reference(model, prompts, MAX_NEW)
     # an EOS that greedy decoding reaches in some rows only, so rows end at different steps
@@ -231,11 +232,12 @@ def test_capacity_below_requests_generates_in_waves_with_one_wave_results(model)
     )
     assert one_wave.waves == 1
     assert one_wave.truncated.any() and not one_wave.truncated.all()
-    # capacity 4: waves of 4, 4 and 2 requests (the last wave padded with a repeated prompt)
-    waved = make_engine(model, eos_id=eos, capacity=4).generate(
+    # capacity 4: waves of 4, 4 and 2 requests (the last wave padded with a repeated prompt),
+    # or 4 slots refilled 6 times
+    waved = make_engine(model, eos_id=eos, capacity=4, scheduler=scheduler).generate(
         prompts, key=jax.random.key(0), max_new_tokens=MAX_NEW, sampling=GREEDY
     )
-    assert waved.waves == 3
+    assert (waved.waves, waved.refills) == ((3, 0) if scheduler is Scheduler.waves else (1, 6))
     np.testing.assert_array_equal(waved.tokens, one_wave.tokens)
     np.testing.assert_array_equal(waved.lengths, one_wave.lengths)
     np.testing.assert_array_equal(waved.truncated, one_wave.truncated)
@@ -401,15 +403,13 @@ def test_decode_loop_dispatches_do_not_grow_with_generated_tokens(engine, prompt
 def test_generate_program_does_not_grow_with_generated_tokens(engine, prompts):
     """The lowered program for 64 new tokens is the one for 8 with other constants: the decode
     loop is a device while loop, not unrolled per token or driven from the host."""
-    tokens, lens = np.zeros((len(prompts), 16), np.int32), np.full(len(prompts), 16, np.int32)
+    wave = [np.zeros(16, np.int32)] * len(prompts)
 
     def lowered(max_new):
-        signature = (len(prompts), 16, max_new, SAMPLE)
-        prefill = engine._jit("prefill", signature)
-        args = (engine.params, tokens, lens, jax.random.key(0))
-        state = jax.eval_shape(prefill, *args)
-        decode = engine._jit("decode", signature).lower(engine.params, state, lens)
-        return prefill.lower(*args).as_text() + decode.as_text()
+        start, run, requests = engine.wave_programs(wave, max_new_tokens=max_new, sampling=SAMPLE)
+        args = (engine.params, requests, jax.random.key(0))
+        slots = jax.eval_shape(start, *args)
+        return start.lower(*args).as_text() + run.lower(engine.params, slots, requests).as_text()
 
     short, long = lowered(8), lowered(64)
     assert short.count("stablehlo.while") >= 1
@@ -418,11 +418,9 @@ def test_generate_program_does_not_grow_with_generated_tokens(engine, prompts):
 
 
 def prefill_state(engine: JaxEngine, prompts, max_new: int):
-    """The state the engine's prefill program hands to decode, for `prompts` in one wave."""
-    prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), engine.config)
-    tokens, lens = engine._left_pad(prompts, prompt_len)
-    program = engine._jit("prefill", (len(prompts), prompt_len, max_new, GREEDY))
-    return jax.device_get(program(engine.params, tokens, lens, jax.random.key(0))), lens
+    """The slots the engine's first fill hands to decode, for `prompts` in one wave."""
+    start, _, requests = engine.wave_programs(prompts, max_new_tokens=max_new, sampling=GREEDY)
+    return jax.device_get(start(engine.params, requests, jax.random.key(0))), requests.prompt_lens
 
 
 @pytest.mark.parametrize("chunk", [4, 5])

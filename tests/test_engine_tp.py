@@ -37,7 +37,8 @@ def test_tensor_parallel_engine_equals_tp1_on_one_device(results, layout):
             atol=1e-5,
             rtol=0,
         )
-        assert results[f"{layout}_{label}_waves"] == 2  # capacity 4: 8 requests in two waves
+        # capacity 4: 8 requests through 4 slots, refilled on device (continuous batching)
+        assert results[f"{layout}_{label}_waves"] == 1
 
 
 def test_tensor_parallel_engine_holds_a_slice_of_the_mlp_per_device(results):
@@ -54,3 +55,13 @@ def test_bf16_tensor_parallel_engine_takes_published_fp32_weights(results):
     np.testing.assert_array_equal(
         results["bf16_republished_logprobs"], results["bf16_started_logprobs"]
     )
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+def test_continuous_batching_equals_static_waves_on_every_layout(results, layout):
+    """4 slots for 8 requests, refilled on device (the default scheduler) on DP4 and TP2 x
+    DP2: each request's completion is the one static waves give it (its own PRNG stream)."""
+    for label in ("greedy", "sampled"):
+        np.testing.assert_array_equal(
+            results[f"{layout}_{label}_tokens"], results[f"waves_{layout}_{label}_tokens"]
+        )

@@ -440,7 +440,8 @@ def test_dry_run_plan_names_hosts_devices_memory_waves_and_parameters():
     text = describe_plan(setup(load_model_option("qwen3_0_6b"), tpu_v7x(64), SMALL))
     assert "0.596B parameters" in text and "16 hosts x 8 devices" in text
     assert "trainer: 16 hosts, 128 devices (FSDP)" in text and "DP8 x TP1" in text
-    assert re.search(r"in 1 wave of 32 \(rollout.capacity\)", text)
+    batching = "continuously batched through 32 slots (rollout.capacity; static waves would take 1)"
+    assert batching in text
     assert "micro-batch" in text and "GiB per device" in text and text.endswith("fits")
 
 

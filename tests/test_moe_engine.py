@@ -11,8 +11,8 @@ from tiny_policy import PAD, TINY, random_prompts, reference_logprobs
 
 from locoexp.model.config import Family
 from locoexp.model.transformer import build_model
-from locoexp.rollout.config import RolloutConfig
-from locoexp.rollout.engine import JaxEngine, SamplingParams
+from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.engine import JaxEngine
 
 QWEN3_MOE = dataclasses.replace(TINY, num_experts=4, experts_per_token=2, expert_mlp_dim=16)
 GEMMA4_MOE = dataclasses.replace(

@@ -13,7 +13,6 @@ must lie within +-25% of what
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
@@ -145,14 +144,15 @@ def compiled_wave(model_config: ModelConfig, rows: int, prompt: int, new: int, c
         pad_id=0,
         devices=jax.devices()[:1],
     )
-    signature = (rows, prompt, new, SamplingParams(temperature=1.0))
-    tokens = jnp.zeros((rows, prompt), jnp.int32)
-    lengths = jnp.full((rows,), prompt, jnp.int32)
-    prefill = engine._jit("prefill", signature)
-    args = (engine.params, tokens, lengths, jax.random.key(0))
-    state = jax.eval_shape(prefill, *args)
-    decode = engine._jit("decode", signature).lower(engine.params, state, lengths).compile()
-    return max(footprint(prefill.lower(*args).compile()), footprint(decode))
+    start, run, requests = engine.wave_programs(
+        [np.zeros(prompt, np.int32)] * rows,
+        max_new_tokens=new,
+        sampling=SamplingParams(temperature=1.0),
+    )
+    args = (engine.params, requests, jax.random.key(0))
+    state = jax.eval_shape(start, *args)
+    decode = run.lower(engine.params, state, requests).compile()
+    return max(footprint(start.lower(*args).compile()), footprint(decode))
 
 
 def trainer_shape(

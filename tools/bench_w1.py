@@ -221,15 +221,13 @@ def profile_rollout(runner: CpuMarked, prompts: list[np.ndarray], repeats: int) 
     m = engine.model_config
     n, p = len(prompts), len(prompts[0])
     new, sampling = runner.rollout.settings.max_new_tokens, runner.rollout.settings.sampling
-    signature = (n, p, new, sampling)  # the very programs generate() runs
-    prefill_program, decode_program = (engine._jit(k, signature) for k in ("prefill", "decode"))
-    tokens, lens = (jax.device_put(x) for x in engine._left_pad(prompts, p))
+    # one static wave's programs, as generate() runs them
+    start, run, requests = engine.wave_programs(prompts, max_new_tokens=new, sampling=sampling)
+    tokens = jax.device_put(requests.prompts)
     key = jax.random.key(1)
 
     def program():
-        return decode_program(
-            engine.params, prefill_program(engine.params, tokens, lens, key), lens
-        )
+        return run(engine.params, start(engine.params, requests, key), requests)
 
     out = {
         "program_s": statistics.median(

@@ -176,21 +176,24 @@ def attend_cached(
     the prompt during chunked prefill, never [S,S]. A cache of E > K heads holds each KV head
     E/K times (a tensor-parallel engine with more devices than KV heads, as vLLM does). With
     `window` > 0 a token attends only the slots fewer than `window` behind it (Gemma4's local
-    layers; a row's slots are consecutive positions, so slot distance is token distance)."""
+    layers; a row's slots are consecutive positions, so slot distance is token distance). A [B]
+    `cache_index` gives each row its own slot (continuous batching: rows admitted at different
+    iterations), written by a per-row update."""
     b, t, heads, h = q.shape
     e = cache[0].shape[2]
     if e != k.shape[2]:
         k, v = (jnp.repeat(x, e // k.shape[2], axis=2) for x in (k, v))
-    cache_k = jax.lax.dynamic_update_slice(
-        cache[0], k.astype(cache[0].dtype), (0, cache_index, 0, 0)
-    )
-    cache_v = jax.lax.dynamic_update_slice(
-        cache[1], v.astype(cache[1].dtype), (0, cache_index, 0, 0)
-    )
+    if jnp.ndim(cache_index) == 0:
+        write = lambda c, x: jax.lax.dynamic_update_slice(c, x, (0, cache_index, 0, 0))
+    else:
+        one_row = lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0))
+        write = lambda c, x: jax.vmap(one_row)(c, x, cache_index)
+    cache_k, cache_v = (write(c, x.astype(c.dtype)) for c, x in zip(cache, (k, v), strict=True))
+    index = jnp.broadcast_to(cache_index, (b,))
     slots = cache_k.shape[1]
-    behind = (cache_index + jnp.arange(t))[:, None] - jnp.arange(slots)[None, :]  # [T, S]
-    causal = (behind >= 0) & (behind < window) if window else behind >= 0
-    mask = causal[None] & valid[:, None, :]
+    behind = (index[:, None] + jnp.arange(t))[:, :, None] - jnp.arange(slots)[None, None, :]
+    causal = (behind >= 0) & (behind < window) if window else behind >= 0  # [B, T, S]
+    mask = causal & valid[:, None, :]
     q = q.reshape(b, t, e, heads // e, h)
     scores = jnp.einsum("btkrh,bskh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)

@@ -153,4 +153,10 @@ def rollout_metrics(admitted: Admitted, rollout: Rollout, scored: Scored) -> dic
         "rollout/tokens_out": int(rollout.lengths.sum()),
         "rollout/decode_iterations": rollout.decode_iterations,
         "rollout/waves": rollout.waves,
+        **({} if rollout.refills is None else {"rollout/refills": rollout.refills}),
+        **(
+            {}
+            if rollout.slot_occupancy is None
+            else {"rollout/slot_occupancy": rollout.slot_occupancy}
+        ),
     }

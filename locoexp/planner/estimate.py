@@ -292,6 +292,10 @@ class EngineShape:
     new_tokens: int
     prefill_chunk: int  # c
     dtype: DType  # the sampler's weights and KV cache
+    # rollout.scheduler=continuous: the engine's requests N (0 = static waves). The engine then
+    # keeps every request's outputs and prompt on each device, and compacting its last rows
+    # briefly holds a cache of at most half the slots beside the whole one.
+    continuous_requests: int = 0
     # the backend computes the sampler's bfloat16 matmuls in float32 (XLA on CPU): `_upcast`
     float32_matmuls: bool = False
 
@@ -304,7 +308,8 @@ class EngineMemory:
     kv_cache: int  # one wave
     prefill: int  # one prefill chunk's attention temporaries
     decode: int  # one decode iteration's logits
-    outputs: int  # tokens and log-probs of the wave
+    outputs: int  # tokens and log-probs of the wave (continuous: of every request, + prompts)
+    compaction: int = 0  # continuous batching: the narrower cache beside the whole one
     # float32 copies of bfloat16 weights the prefill and decode programs hold (`_upcast`; 0
     # where matmuls run in bfloat16)
     prefill_upcast: int = 0
@@ -312,7 +317,9 @@ class EngineMemory:
 
     @property
     def total(self) -> int:
-        transient = max(self.prefill + self.prefill_upcast, self.decode + self.decode_upcast)
+        transient = max(
+            self.prefill + self.prefill_upcast, self.decode + self.decode_upcast, self.compaction
+        )
         return self.weights + self.kv_cache + transient + self.outputs
 
 
@@ -360,10 +367,19 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
         kv_cache=kv_cache,
         prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32 + kv_cache,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
-        outputs=s * shape.new_tokens * 2 * 4,
+        outputs=_engine_outputs(shape),
+        compaction=kv_cache // 2 if shape.continuous_requests else 0,
         prefill_upcast=_upcast(c, shape, decode=False),
         decode_upcast=_upcast(c, shape, decode=True),
     )
+
+
+def _engine_outputs(shape: EngineShape) -> int:
+    """Tokens and log-probs (4 + 4 bytes per new token) of one wave's rows per device; under
+    continuous batching of all N requests, with their int32 prompts, on every device."""
+    if not shape.continuous_requests:
+        return shape.sequences_per_replica * shape.new_tokens * 2 * 4
+    return shape.continuous_requests * (shape.new_tokens * 2 * 4 + shape.prompt_tokens * 4)
 
 
 def publication_bytes(c: ModelConfig, dtype: DType) -> int:

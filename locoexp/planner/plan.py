@@ -28,7 +28,7 @@ from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.placement.layout import Layout
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
-from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler
 from locoexp.rollout.engine import padded_prompt_tokens
 from locoexp.trainer.config import TrainerConfig
 
@@ -122,8 +122,10 @@ def _engine_shape(
     rollout: RolloutConfig,
     *,
     sequences: int,
+    requests: int,
     float32_matmuls: bool,
 ) -> EngineShape:
+    continuous = rollout.engine is EngineKind.jax and rollout.scheduler is Scheduler.continuous
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
         sequences_per_replica=sequences,
@@ -132,6 +134,7 @@ def _engine_shape(
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,
         float32_matmuls=float32_matmuls,
+        continuous_requests=requests if continuous else 0,
     )
 
 
@@ -182,7 +185,12 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         adapter_parameters=setup.adapter.count_parameters(m),
     )
     eshape = _engine_shape(
-        m, setup.dataset, setup.rollout, sequences=per_replica, float32_matmuls=cpu
+        m,
+        setup.dataset,
+        setup.rollout,
+        sequences=per_replica,
+        requests=setup.requests_per_engine,
+        float32_matmuls=cpu,
     )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)

@@ -90,11 +90,12 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
     terms = [
         f"weights {_gib(e.weights)}",
         f"KV cache {_gib(e.kv_cache)}",
-        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)})"
+        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)}{_compaction(e)})"
         if not e.decode_upcast
         else f"max(prefill chunk {_gib(e.prefill)} + float32 weights {_gib(e.prefill_upcast)}, "
         f"decode logits {_gib(e.decode)} + float32 weights {_gib(e.decode_upcast)} (XLA on "
-        "CPU computes bfloat16 matmuls in float32))",
+        f"CPU computes bfloat16 matmuls in float32){_compaction(e)})",
+        f"outputs {_gib(e.outputs)}",
     ]
     terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
     # da's rollout hosts may hold floor or ceil of B/R groups: the plan is the busiest's
@@ -103,10 +104,24 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
         f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(plan.engines, 'engine')} of "
         f"{_n(setup.engine_devices, 'device')}, DP{plan.replicas_per_engine} x "
         f"TP{s.tensor_parallel}, {s.dtype.value} sampler; {plan.requests_per_engine} requests per "
-        f"engine{busiest} in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity), "
+        f"engine{busiest} {_batching(plan, s)}, "
         f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
         + " + ".join(terms)
     )
+
+
+def _compaction(e) -> str:
+    return f", compaction {_gib(e.compaction)}" if e.compaction else ""
+
+
+def _batching(plan: Plan, shape) -> str:
+    """How the engine runs its requests through its capacity (rollout.scheduler)."""
+    if shape.continuous_requests:
+        return (
+            f"continuously batched through {plan.capacity} slots (rollout.capacity; static "
+            f"waves would take {plan.waves})"
+        )
+    return f"in {_n(plan.waves, 'wave')} of {plan.capacity} (rollout.capacity)"
 
 
 def _hardware_line(setup: Setup, hosts_note: str) -> str:

@@ -13,6 +13,14 @@ class EngineKind(enum.Enum):
     vllm = "vllm"  # vLLM / tpu-inference where installed
 
 
+class Scheduler(enum.Enum):
+    """How the JAX engine runs more requests than it has slots (locoexp/rollout/scheduling.py)."""
+
+    waves = "waves"  # static waves of `capacity` rows, each decoded until its longest row ends
+    # a finished row's slot takes the next waiting request on device; the tail is compacted
+    continuous = "continuous"
+
+
 @dataclasses.dataclass(kw_only=True)
 class RolloutConfig:
     engine: EngineKind = EngineKind.jax
@@ -26,6 +34,12 @@ class RolloutConfig:
     # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up (an engine
     # built directly with 0 runs all its requests in one wave).
     capacity: int = 0
+    # How the JAX engine fills its `capacity` slots: `continuous` (App. G's engines decode "a
+    # step's 32 rows in one continuous batch") refills a slot as soon as its row ends and
+    # narrows the batch as the last rows finish, so rollout time follows the tokens generated;
+    # `waves` decodes each wave until its longest row ends. vLLM always schedules continuously.
+    # Continuous is the default: tools/bench_variable_lengths.py (experiments/LOG.md).
+    scheduler: Scheduler = Scheduler.continuous
     # TP degree per engine replica (Section 4.1: TP1 for small models, up to TP32 in Table H1).
     # The JAX engine shards attention heads and the MLP width over TP devices; its data-parallel
     # replicas are the engine's devices / TP. With TP above model.num_kv_heads each device keeps
@@ -113,6 +127,11 @@ class RolloutConfig:
             not (self.release_weights_during_training and self.engine is EngineKind.vllm),
             "rollout.release_weights_during_training=true applies to rollout=jax only; with "
             "rollout=vllm leave it false.",
+        )
+        require(
+            self.engine is EngineKind.jax or self.scheduler is Scheduler.continuous,
+            f"rollout.scheduler={self.scheduler.value} applies to rollout=jax only; vLLM always "
+            "batches continuously (leave rollout.scheduler=continuous).",
         )
         if self.engine is EngineKind.jax:
             for key, default in _VLLM_ONLY.items():

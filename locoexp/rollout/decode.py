@@ -1,18 +1,29 @@
-"""The two compiled programs of one wave: chunked prefill, then the decode loop.
+"""The engine's compiled programs: fill W decode slots, decode them, refill or compact them.
 
-`prefill` writes the left-padded prompts into a fresh KV cache in chunks of `chunk` tokens per
-sequence (one `fori_loop` iteration per chunk: attention scores are [C, H, chunk, S] per layer,
-never [P, P]) and samples the first new token. `decode` runs a `lax.while_loop` that decodes
-one token per row per iteration, attending over the cache slots only, until every row has hit
-EOS or the cap; there is no host round trip per token (the paper's Eq. 2 per-iteration terms
-are all device time). They are separate programs so that the engine times prefill and decode
-iterations apart (`Rollout.prefill_s`, `Rollout.decode_s`; Figure 7b's per-iteration premium).
+A slot holds one request: its KV cache row (the left-padded prompt at slots [0, P), then one
+slot per generated token), how many tokens it has generated and its last token. Three programs:
+- `start` prefills requests 0..W-1 into W slots, in chunks of `chunk` tokens per sequence (one
+  `fori_loop` iteration per chunk: attention scores are [W, H, chunk, S] per layer, never
+  [P, P]) and samples each one's first token.
+- `run` is a `lax.while_loop` of decode iterations, one token per slot, with no host round trip
+  per token (the paper's Eq. 2 per-iteration terms are all device time). A slot whose request
+  ends (EOS or its cap) is empty; with `refill` the loop prefills the next waiting request into
+  it at once, one request per data-parallel replica at a time, on device (continuous batching:
+  App. G's engines decode "a step's 32 rows in one continuous batch", as vLLM does). The loop
+  returns to the host when no slot is live, or when nothing waits and at most `floor` slots
+  are live.
+- `compact` gathers the live slots into a narrower width, so a step's tail is not decoded at
+  full width (the engine then runs the `run` of that width).
+Static waves are the same programs with one wave's requests, no refill and floor 0.
+
+Each request's token t is drawn with `fold_in(fold_in(key, request), t)`: the draws depend on
+the request, never on its slot, wave or width, so both schedulers sample the same completions.
 
 The programs are pure functions of (graphdef, params, arrays); they never know about devices,
-meshes or waves (the engine compiles them with its shardings).
+meshes or scheduling (the engine compiles them with its shardings and chooses the widths).
 
-Shapes: C rows per wave, P padded prompt length (a whole number of chunks), M = max_new_tokens,
-S = P + M slots, E cache heads.
+Shapes: R requests, W slots, P padded prompt length (a whole number of chunks), M =
+max_new_tokens, S = P + M cache slots, E cache heads, D width, V vocabulary.
 """
 
 import functools
@@ -28,48 +39,50 @@ from locoexp.rollout.sampling import sample_tokens
 Array = jax.Array
 
 
-class DecodeState(NamedTuple):
-    """The decode loop's carry (also what prefill hands to decode)."""
+class Requests(NamedTuple):
+    """The requests a call generates for, constant through the loop."""
 
-    step: Array  # int32: column of `tokens` the next iteration writes (1 after prefill)
-    cache: KVCache
-    tokens: Array  # [C, M] int32, pad past each row's end
-    logprobs: Array  # [C, M] float32, 0 past each row's end
-    done: Array  # [C] bool: hit EOS (never with ignore_eos)
-    lengths: Array  # [C] int32: generated tokens, EOS included
+    prompts: Array  # [R, P] int32, left-padded
+    prompt_lens: Array  # [R] int32
+    caps: Array  # [R] int32: most new tokens for each (<= M)
+    first: Array  # int32: the request id of row 0 (its PRNG stream: see the module note)
+
+
+class Slots(NamedTuple):
+    """The decode loop's carry. `request` is R in an empty slot."""
+
+    cache: KVCache  # [W, S, E, h] per layer
+    request: Array  # [W] int32
+    length: Array  # [W] int32: tokens its request has generated
+    prompt_len: Array  # [W] int32
+    last: Array  # [W] int32: its request's last token
+    waiting: Array  # int32: the next request no slot has taken (R when none waits)
+    tokens: Array  # [R, M] int32 by request, pad past each end
+    logprobs: Array  # [R, M] float32, 0 past each end
+    lengths: Array  # [R] int32: generated tokens, EOS included
+    # int32 [4]: decode iterations, live slot-iterations, computed slot-iterations, refills
+    counts: Array
     key: Array
 
 
-def _sampler(sampling):
-    return functools.partial(
+def _sample_rows(sampling, key, request_ids, steps, logits) -> tuple[Array, Array]:
+    """Token `steps[i]` of request `request_ids[i]` from logits [n, V], each on its own key."""
+    sample = functools.partial(
         sample_tokens, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
     )
+    keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
+        request_ids, steps
+    )
+    token, logprob = jax.vmap(lambda k, x: sample(k, x[None]))(keys, logits)
+    return token[:, 0], logprob[:, 0]
 
 
-def _valid_slots(prompt_lens: Array, prompt_len: int, slots: int) -> Array:
-    """[C, S]: False on each row's left padding (never attended)."""
-    return jnp.arange(slots)[None, :] >= (prompt_len - prompt_lens)[:, None]
-
-
-def prefill(
-    graphdef,
-    params,
-    prompts,
-    prompt_lens,
-    key,
-    *,
-    chunk,
-    max_new,
-    cache_heads,
-    sampling,
-    eos_id,
-    pad_id,
-) -> DecodeState:
-    """Left-padded prompts [C, P] -> the state after the first sampled token."""
-    model = nnx.merge(graphdef, params)
+def _prefill_rows(model, prompts, prompt_lens, *, chunk, slots, heads) -> tuple[KVCache, Array]:
+    """Left-padded prompts [n, P] -> a cache of `slots` slots and `heads` heads holding them,
+    and the last position's hidden state [n, D]."""
     rows, prompt_len = prompts.shape
-    valid = _valid_slots(prompt_lens, prompt_len, prompt_len + max_new)
     pad = prompt_len - prompt_lens
+    valid = jnp.arange(slots)[None, :] >= pad[:, None]  # [n, S]: False on the left padding
 
     def run_chunk(c, carry):
         cache, _ = carry
@@ -79,54 +92,194 @@ def prefill(
         hidden, cache = model(tokens, positions, valid, cache, start)
         return cache, hidden[:, -1]
 
-    cache = init_cache(model.config, rows, prompt_len + max_new, heads=cache_heads)
+    cache = init_cache(model.config, rows, slots, heads=heads)
     last = jnp.zeros((rows, model.config.hidden_dim), jnp.dtype(model.config.param_dtype.value))
-    cache, last = jax.lax.fori_loop(0, prompt_len // chunk, run_chunk, (cache, last))
-    key, step_key = jax.random.split(key)
-    token, logprob = _sampler(sampling)(step_key, model.logits(last))
-    return DecodeState(
-        step=jnp.int32(1),
-        cache=cache,
-        tokens=jnp.full((rows, max_new), pad_id, jnp.int32).at[:, 0].set(token),
-        logprobs=jnp.zeros((rows, max_new), jnp.float32).at[:, 0].set(logprob),
-        done=(token == eos_id) & (not sampling.ignore_eos),
-        lengths=jnp.ones((rows,), jnp.int32),
-        key=key,
+    return jax.lax.fori_loop(0, prompt_len // chunk, run_chunk, (cache, last))
+
+
+def _record(s: Slots, slot_ids, request_ids, token, logprob, requests: Requests, sampling, eos_id):
+    """Write the tokens sampled for `request_ids` (R = none) at their next column; a request
+    that hit its cap or EOS leaves its slot (`slot_ids`, W = none) empty."""
+    column = s.length[jnp.minimum(slot_ids, s.length.shape[0] - 1)]
+    column = jnp.where(slot_ids < s.length.shape[0], column, 0)
+    tokens = s.tokens.at[request_ids, column].set(token, mode="drop")
+    logprobs = s.logprobs.at[request_ids, column].set(logprob, mode="drop")
+    lengths = s.lengths.at[request_ids].set(column + 1, mode="drop")
+    caps = requests.caps[jnp.minimum(request_ids, requests.caps.shape[0] - 1)]
+    ended = column + 1 >= caps
+    if not sampling.ignore_eos:
+        ended |= token == eos_id
+    gone = requests.caps.shape[0]
+    return s._replace(
+        request=s.request.at[slot_ids].set(jnp.where(ended, gone, request_ids), mode="drop"),
+        length=s.length.at[slot_ids].set(column + (request_ids < gone), mode="drop"),
+        last=s.last.at[slot_ids].set(token, mode="drop"),
+        tokens=tokens,
+        logprobs=logprobs,
+        lengths=lengths,
     )
 
 
-def decode(
-    graphdef, params, state: DecodeState, prompt_lens, *, sampling, eos_id, pad_id
-) -> DecodeState:
-    """Decode until every row is done -> the final state (`step - 1` decode iterations). The
-    final state is returned whole so that a donated input state updates in place (no copy of
-    the KV cache)."""
+def start(
+    graphdef,
+    params,
+    requests: Requests,
+    key,
+    *,
+    width,
+    chunk,
+    max_new,
+    cache_heads,
+    sampling,
+    eos_id,
+    pad_id,
+) -> Slots:
+    """Requests 0..W-1 prefilled into W slots (slots past R empty), first tokens sampled."""
     model = nnx.merge(graphdef, params)
-    max_new = state.tokens.shape[1]
-    slots = state.cache[0][0].shape[1]
-    prompt_len = slots - max_new
-    valid = _valid_slots(prompt_lens, prompt_len, slots)
-    sample = _sampler(sampling)
+    total, prompt_len = requests.prompts.shape
+    rows = jnp.arange(width)
+    taken = jnp.minimum(rows, total - 1)
+    prompt_lens = requests.prompt_lens[taken]
+    cache, last = _prefill_rows(
+        model,
+        requests.prompts[taken],
+        prompt_lens,
+        chunk=chunk,
+        slots=prompt_len + max_new,
+        heads=cache_heads,
+    )
+    request = jnp.where(rows < total, rows, total)
+    slots = Slots(
+        cache=cache,
+        request=request,
+        length=jnp.zeros((width,), jnp.int32),
+        prompt_len=prompt_lens,
+        last=jnp.full((width,), pad_id, jnp.int32),
+        waiting=jnp.int32(min(width, total)),
+        tokens=jnp.full((total, max_new), pad_id, jnp.int32),
+        logprobs=jnp.zeros((total, max_new), jnp.float32),
+        lengths=jnp.zeros((total,), jnp.int32),
+        counts=jnp.zeros((4,), jnp.int32),
+        key=key,
+    )
+    token, logprob = _sample_rows(
+        sampling, key, requests.first + taken, jnp.zeros_like(rows), model.logits(last)
+    )
+    return _record(slots, rows, request, token, logprob, requests, sampling, eos_id)
 
-    def cond(s: DecodeState):
-        return (s.step < max_new) & ~jnp.all(s.done)
 
-    def body(s: DecodeState) -> DecodeState:
-        previous = s.tokens[:, s.step - 1]
-        position = (prompt_lens + s.step - 1)[:, None]
-        hidden, cache = model(previous[:, None], position, valid, s.cache, prompt_len + s.step - 1)
-        key, step_key = jax.random.split(s.key)
-        token, logprob = sample(step_key, model.logits(hidden[:, 0]))
-        token = jnp.where(s.done, pad_id, token)
-        done = s.done if sampling.ignore_eos else s.done | (token == eos_id)
-        return DecodeState(
-            step=s.step + 1,
-            cache=cache,
-            tokens=s.tokens.at[:, s.step].set(token),
-            logprobs=s.logprobs.at[:, s.step].set(jnp.where(s.done, 0.0, logprob)),
-            done=done,
-            lengths=s.lengths + (~s.done).astype(jnp.int32),
-            key=key,
+def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, sampling, eos_id):
+    """One refill round: each replica with an empty slot takes the next waiting request, in
+    replica order; the requests' prompts are prefilled together, their cache rows written into
+    the slots, their first tokens sampled."""
+    width, total = s.request.shape[0], requests.caps.shape[0]
+    prompt_len = requests.prompts.shape[1]
+    empty = (s.request == total).reshape(replicas, width // replicas)
+    has = empty.any(axis=1)
+    rank = jnp.cumsum(has) - 1
+    take = has & (s.waiting + rank < total)
+    request_ids = jnp.where(take, s.waiting + rank, total)
+    slot_ids = jnp.where(
+        take, jnp.argmax(empty, axis=1) + jnp.arange(replicas) * (width // replicas), width
+    )
+    taken = jnp.minimum(request_ids, total - 1)
+    prompt_lens = requests.prompt_lens[taken]
+    fresh, last = _prefill_rows(
+        model, requests.prompts[taken], prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
+    )
+    cache = tuple(
+        tuple(
+            c.at[slot_ids, :prompt_len].set(f, mode="drop") for c, f in zip(layer, new, strict=True)
         )
+        for layer, new in zip(s.cache, fresh, strict=True)
+    )
+    s = s._replace(
+        cache=cache,
+        length=s.length.at[slot_ids].set(0, mode="drop"),
+        prompt_len=s.prompt_len.at[slot_ids].set(prompt_lens, mode="drop"),
+        waiting=s.waiting + take.sum(dtype=jnp.int32),
+        counts=s.counts.at[3].add(take.sum(dtype=jnp.int32)),
+    )
+    token, logprob = _sample_rows(
+        sampling, s.key, requests.first + taken, jnp.zeros_like(taken), model.logits(last)
+    )
+    return _record(s, slot_ids, request_ids, token, logprob, requests, sampling, eos_id)
 
-    return jax.lax.while_loop(cond, body, state)
+
+def _decode_iteration(model, s: Slots, requests: Requests, *, sampling, eos_id) -> Slots:
+    """One token for every slot; empty slots are computed and their results dropped."""
+    width, total = s.request.shape[0], requests.caps.shape[0]
+    slots = s.cache[0][0].shape[1]
+    prompt_len = requests.prompts.shape[1]
+    live = s.request < total
+    valid = jnp.arange(slots)[None, :] >= (prompt_len - s.prompt_len)[:, None]
+    position = s.prompt_len + s.length - 1  # the last token's position in its sequence
+    hidden, cache = model(
+        s.last[:, None], position[:, None], valid, s.cache, prompt_len + s.length - 1
+    )
+    token, logprob = _sample_rows(
+        sampling,
+        s.key,
+        requests.first + jnp.minimum(s.request, total - 1),
+        s.length,
+        model.logits(hidden[:, 0]),
+    )
+    counts = s.counts + jnp.array([1, 0, width, 0], jnp.int32).at[1].set(live.sum())
+    s = s._replace(cache=cache, counts=counts)
+    return _record(s, jnp.arange(width), s.request, token, logprob, requests, sampling, eos_id)
+
+
+def run(
+    graphdef,
+    params,
+    slots: Slots,
+    requests: Requests,
+    *,
+    floor,
+    refill,
+    replicas,
+    chunk,
+    cache_heads,
+    sampling,
+    eos_id,
+) -> Slots:
+    """Decode (and refill, with `refill`) until no slot is live, or nothing waits and at most
+    `floor` slots are live. The final state is returned whole so that a donated input updates
+    its cache in place."""
+    model = nnx.merge(graphdef, params)
+    total = requests.caps.shape[0]
+
+    def fill(s: Slots) -> Slots:
+        def more(s):
+            return (s.request == total).any() & (s.waiting < total)
+
+        step = functools.partial(
+            _refill, model, requests=requests, replicas=replicas, chunk=chunk,
+            heads=cache_heads, sampling=sampling, eos_id=eos_id,
+        )  # fmt: skip
+        return jax.lax.while_loop(more, step, s)
+
+    def cond(s: Slots):
+        live = (s.request < total).sum()
+        return (live > 0) & ((s.waiting < total) | (live > floor))
+
+    def body(s: Slots) -> Slots:
+        s = _decode_iteration(model, s, requests, sampling=sampling, eos_id=eos_id)
+        return fill(s) if refill else s
+
+    return jax.lax.while_loop(cond, body, fill(slots) if refill else slots)
+
+
+def compact(slots: Slots, *, width) -> Slots:
+    """The live slots first, the first `width` of them kept (every live one: the engine asks
+    for a width at least the live count)."""
+    total = slots.lengths.shape[0]
+    order = jnp.argsort(slots.request >= total, stable=True)[:width]
+    take = lambda x: x[order]
+    return slots._replace(
+        cache=jax.tree.map(take, slots.cache),
+        request=take(slots.request),
+        length=take(slots.length),
+        prompt_len=take(slots.prompt_len),
+        last=take(slots.last),
+    )

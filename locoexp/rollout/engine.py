@@ -1,10 +1,12 @@
-"""The built-in JAX rollout engine: waves of chunked prefill and a compiled decode loop.
+"""The built-in JAX rollout engine: C decode slots, chunked prefill, a compiled decode loop.
 
-`generate` splits the requests into waves of at most `rollout.capacity` sequences (0 = all in
-one wave), left-pads each wave's prompts to one bucket and runs two compiled programs per wave
-(locoexp/rollout/decode.py): chunked prefill into a KV cache sized for that wave, then the
-decode loop. Programs are compiled ahead of their first timed call, so `Rollout.prefill_s` and
-`Rollout.decode_s` hold device time only, compiles excluded.
+`generate` left-pads every prompt to one bucket and runs the slot programs of
+locoexp/rollout/decode.py over C = `wave_rows(N, capacity, r)` slots as `rollout.scheduler` says
+(locoexp/rollout/scheduling.py): static waves of C requests, each decoded until its longest row
+ends, or continuous batching, where a finished row's slot takes the next waiting request on
+device and the last rows are compacted into narrower programs. Programs are compiled ahead of
+their first timed call, so `Rollout.prefill_s` and `Rollout.decode_s` hold device time only,
+compiles excluded.
 
 The engine spans the devices it is given (one host's local devices under `co`, the single
 controller's devices otherwise): n / TP data-parallel replicas of `rollout.tensor_parallel`
@@ -23,19 +25,21 @@ vocabulary, L layers):
   `padded_prompt_tokens` (the power-of-two bucket, at least rollout.prompt_bucket_tokens,
   rounded up to whole prefill chunks above one chunk).
   KV cache: s * S * L * 2 * ceil(K/t) * h * a (t > K: one repeated KV head per device);
-  decode state: s * M * (4 + 4) bytes (tokens, log-probs).
+  outputs: s * M * (4 + 4) bytes (tokens, log-probs) per wave; continuous batching keeps
+  every request's, N * M * (4 + 4), replicated, and the left-padded prompts, N * P' * 4; a
+  compaction briefly holds the narrower width's copy of the cache beside it.
 - prefill temporaries, one layer at a time, c = min(rollout.prefill_chunk_tokens, P'):
   scores s * (H/t) * c * S * 4 (float32) and their probabilities at a, plus the [s, c, S] mask;
   decode's are the same with c = 1, plus the logits and sampler buffers, about 3 * s * V * 4.
 - `load_weights` with a dtype cast briefly holds the published weights at the engine's layout
   in their own dtype as well.
 
-Shapes: N requests, C rows per wave, P padded prompt length, M = max_new_tokens, S = P + M slots.
+Shapes: N requests, C slots (rows per wave), P padded prompt length, M = max_new_tokens,
+S = P + M cache slots.
 """
 
 import dataclasses
 import functools
-import time
 from collections.abc import Sequence
 
 import jax
@@ -47,7 +51,7 @@ from jax.sharding import PartitionSpec as PS
 
 from locoexp.model.transformer import Transformer
 from locoexp.rollout import decode as programs
-from locoexp.rollout import sharding
+from locoexp.rollout import scheduling, sharding
 from locoexp.rollout.config import RolloutConfig, SamplingParams
 
 
@@ -62,9 +66,14 @@ class Rollout:
     decode_iterations: int  # summed over waves (the first token comes from prefill)
     waves: int
     # Seconds of prefill and of decode iterations, summed over waves, compiles excluded; None
-    # where an engine interleaves the two (vLLM's scheduler).
+    # where an engine interleaves the two (vLLM's scheduler). Under continuous batching the
+    # JAX engine's refill prefills run inside its decode loop: decode_s includes them.
     prefill_s: float | None = None
     decode_s: float | None = None
+    # JAX engine: live rows over computed rows, summed over decode iterations (1 = no decode
+    # iteration computed a finished or empty row); requests prefilled into a freed slot.
+    slot_occupancy: float | None = None
+    refills: int | None = None
 
     def completion(self, n: int) -> np.ndarray:
         return self.tokens[n, : self.lengths[n]]
@@ -133,7 +142,14 @@ class JaxEngine:
         self._rows = NamedSharding(self.mesh, PS(sharding.DATA))
         self._param_shardings = sharding.param_shardings(abstract, self.mesh, self.model_config, tp)
         self._cache_heads = sharding.cache_heads(self.model_config, tp)
-        self._programs = {}
+        self._slots = scheduling.SlotPrograms(
+            self.graphdef,
+            self.mesh,
+            layers=self.model_config.num_layers,
+            cache_heads=self._cache_heads,
+            eos_id=eos_id,
+            pad_id=pad_id,
+        )
         self._abstract = abstract  # the params' structure, for a per-layer load after a release
         self.params = self._place(nnx.split(model, nnx.Param)[1], self._param_shardings)
 
@@ -201,45 +217,60 @@ class JaxEngine:
         key: jax.Array,
         max_new_tokens: int,
         sampling: SamplingParams,
+        request_caps: Sequence[int] | None = None,
     ) -> Rollout:
-        """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens."""
+        """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens (or
+        `request_caps[n]` for request n), by `rollout.scheduler` over the engine's slots."""
         n = len(prompts)
-        rows = wave_rows(n, self.config.capacity, self.replicas)
         prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
-        outputs, clock = [], {"prefill": 0.0, "decode": 0.0}
-        for start in range(0, n, rows):
-            batch = list(prompts[start : start + rows])
-            batch += [batch[0]] * (rows - len(batch))  # pad the last wave with a real prompt
-            key, wave_key = jax.random.split(key)
-            outputs.append(self._wave(batch, prompt_len, max_new_tokens, sampling, wave_key, clock))
-        cat = lambda i: np.concatenate([o[i] for o in outputs])[:n]
-        tokens, logprobs, lengths = cat(0), cat(1), cat(2)
-        ended_with_eos = tokens[np.arange(n), np.maximum(lengths - 1, 0)] == self.eos_id
+        tokens, lens = self._left_pad(prompts, prompt_len)
+        caps = np.full(n, max_new_tokens, np.int32) if request_caps is None else request_caps
+        requests = programs.Requests(
+            prompts=tokens, prompt_lens=lens, caps=np.asarray(caps, np.int32), first=np.int32(0)
+        )
+        call = scheduling.Call(
+            prompt_len=prompt_len,
+            max_new=max_new_tokens,
+            chunk=min(self.config.prefill_chunk_tokens, prompt_len),
+            sampling=sampling,
+        )
+        out = scheduling.generate_slots(
+            self._slots,
+            self.params,
+            requests,
+            key=key,
+            call=call,
+            width=wave_rows(n, self.config.capacity, self.replicas),
+            scheduler=self.config.scheduler,
+        )
+        lengths = out.lengths
+        ended_with_eos = out.tokens[np.arange(n), np.maximum(lengths - 1, 0)] == self.eos_id
         return Rollout(
-            tokens=tokens,
-            logprobs=logprobs,
+            tokens=out.tokens,
+            logprobs=out.logprobs,
             lengths=lengths,
-            truncated=(lengths >= max_new_tokens) & (~ended_with_eos | sampling.ignore_eos),
-            decode_iterations=int(sum(int(o[3]) for o in outputs)),
-            waves=len(outputs),
-            prefill_s=clock["prefill"],
-            decode_s=clock["decode"],
+            truncated=(lengths >= requests.caps) & (~ended_with_eos | sampling.ignore_eos),
+            decode_iterations=out.decode_iterations,
+            waves=out.waves,
+            prefill_s=out.prefill_s,
+            decode_s=out.decode_s,
+            slot_occupancy=out.live_slot_iterations / max(out.slot_iterations, 1),
+            refills=out.refills,
         )
 
-    def _wave(self, batch, prompt_len, max_new, sampling, key, clock: dict) -> tuple:
-        """One wave: prefill, then decode, each compiled before its clock starts."""
-        tokens, lens = self._left_pad(batch, prompt_len)
-        tokens, lens = jax.device_put(tokens, self._rows), jax.device_put(lens, self._rows)
-        signature = (len(batch), prompt_len, max_new, sampling)
-        prefill = self._compiled("prefill", signature, self.params, tokens, lens, key)
-        start = time.perf_counter()
-        state = jax.block_until_ready(prefill(self.params, tokens, lens, key))
-        clock["prefill"] += time.perf_counter() - start
-        decode = self._compiled("decode", signature, self.params, state, lens)
-        start = time.perf_counter()
-        final = jax.block_until_ready(decode(self.params, state, lens))
-        clock["decode"] += time.perf_counter() - start
-        return jax.device_get((final.tokens, final.logprobs, final.lengths, final.step - 1))
+    def wave_programs(self, prompts: Sequence[np.ndarray], *, max_new_tokens: int, sampling):
+        """One static wave of `prompts` as `generate` runs it: jitted `start(params, requests,
+        key) -> slots` and `run(params, slots, requests)`, and the requests (for tests, the
+        planner's XLA check and profiles)."""
+        prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
+        tokens, lens = self._left_pad(prompts, prompt_len)
+        caps = np.full(len(prompts), max_new_tokens, np.int32)
+        requests = programs.Requests(tokens, lens, caps, np.int32(0))
+        chunk = min(self.config.prefill_chunk_tokens, prompt_len)
+        static = (scheduling.Call(prompt_len, max_new_tokens, chunk, sampling), len(prompts))
+        static += (len(prompts),)
+        start = self._slots.jit("start", static)
+        return start, self._slots.jit("run", (*static, 0, False)), requests
 
     def _left_pad(
         self, prompts: Sequence[np.ndarray], length: int
@@ -250,39 +281,6 @@ class JaxEngine:
             tokens[i, length - len(p) :] = p
             lens[i] = len(p)
         return tokens, lens
-
-    def _compiled(self, kind: str, signature: tuple, *args):
-        """The compiled prefill or decode program of `signature`, compiled on first use."""
-        if (kind, signature) not in self._programs:
-            self._programs[kind, signature] = self._jit(kind, signature).lower(*args).compile()
-        return self._programs[kind, signature]
-
-    def _jit(self, kind: str, signature: tuple):
-        rows, prompt_len, max_new, sampling = signature
-        common = dict(sampling=sampling, eos_id=self.eos_id, pad_id=self.pad_id)
-        cache = sharding.cache_sharding(self.mesh)
-        state = programs.DecodeState(
-            step=self._replicated,
-            cache=tuple((cache, cache) for _ in range(self.model_config.num_layers)),
-            tokens=self._rows,
-            logprobs=self._rows,
-            done=self._rows,
-            lengths=self._rows,
-            key=self._replicated,
-        )
-        if kind == "decode":  # the state is donated: the loop updates its cache in place
-            fn = functools.partial(programs.decode, self.graphdef, **common)
-            return jax.jit(fn, out_shardings=state, donate_argnums=(1,))
-        chunk = min(self.config.prefill_chunk_tokens, prompt_len)
-        fn = functools.partial(
-            programs.prefill,
-            self.graphdef,
-            chunk=chunk,
-            max_new=max_new,
-            cache_heads=self._cache_heads,
-            **common,
-        )
-        return jax.jit(fn, out_shardings=state)
 
 
 @functools.cache

@@ -37,8 +37,10 @@ class Engine(Protocol):
         key: jax.Array,
         max_new_tokens: int,
         sampling: SamplingParams,
+        request_caps: Sequence[int] | None = None,
     ) -> Rollout:
-        """Complete every prompt with up to `max_new_tokens` tokens, rows in request order."""
+        """Complete every prompt with up to `max_new_tokens` tokens (or `request_caps[n]` for
+        request n), rows in request order."""
         ...
 
     def load_weights(self, params) -> None:

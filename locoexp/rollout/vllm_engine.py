@@ -167,14 +167,20 @@ class VllmEngine:
         key: jax.Array,
         max_new_tokens: int,
         sampling: SamplingParams,
+        request_caps: Sequence[int] | None = None,
     ) -> Rollout:
-        """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens."""
+        """Complete every prompt (token arrays) with up to `max_new_tokens` new tokens (or
+        `request_caps[n]` for request n: vLLM's per-request max_tokens)."""
         from vllm import TokensPrompt
 
         n = len(prompts)
+        caps = np.full(n, max_new_tokens) if request_caps is None else np.asarray(request_caps)
         seeds = np.asarray(jax.random.randint(key, (n,), 0, np.iinfo(np.int32).max))
         requests = [TokensPrompt(prompt_token_ids=np.asarray(p).tolist()) for p in prompts]
-        params = [self._sampling_params(sampling, max_new_tokens, int(s)) for s in seeds]
+        params = [
+            self._sampling_params(sampling, int(c), int(s))
+            for c, s in zip(caps, seeds, strict=True)
+        ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         tokens = np.full((n, max_new_tokens), self.pad_id, np.int32)
         logprobs = np.zeros((n, max_new_tokens), np.float32)
@@ -193,7 +199,7 @@ class VllmEngine:
             tokens=tokens,
             logprobs=logprobs,
             lengths=lengths,
-            truncated=(lengths >= max_new_tokens) & (~ended_with_eos | sampling.ignore_eos),
+            truncated=(lengths >= caps) & (~ended_with_eos | sampling.ignore_eos),
             decode_iterations=int(sum(waves)),
             waves=len(waves),
         )

@@ -1,0 +1,241 @@
+"""How the JAX engine runs its slot programs (locoexp/rollout/decode.py) over a call's requests.
+
+`rollout.scheduler` chooses (`Scheduler`, dispatched in `generate_slots`):
+- `waves`: the requests are cut into waves of W slots; each wave is prefilled, then decoded
+  until its longest row ends, finished rows computed to the end (the paper's "two waves at 8
+  chips", Appendix E).
+- `continuous`: W slots take requests 0..W-1; when a row ends its slot takes the next waiting
+  request on device (prefill into the slot's cache rows, no host round trip), so every slot
+  decodes while requests wait (App. G: "decodes a step's 32 rows in one continuous batch").
+  Once nothing waits and at most half the slots are live, the loop returns to the host, which
+  reads the live count (one host read per width change, at most log2(W) per call) and
+  gathers the live slots into the narrowest width that holds them; finished rows are not
+  decoded at full width through a step's tail.
+
+Each width compiles its programs once (widths W, W/2, ... down to one slot per replica, in whole
+replicas). Programs are compiled before their clocks start: `prefill_s` holds the first fill,
+`decode_s` the decode loops, with continuous batching's refill prefills and compactions in it.
+
+It owns the host loop only: no model code, no weights.
+"""
+
+import dataclasses
+import functools
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+from locoexp.rollout import decode as programs
+from locoexp.rollout import sharding
+from locoexp.rollout.config import Scheduler
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """Outputs by request (host arrays) and what the programs counted."""
+
+    tokens: np.ndarray  # [N, M] int32
+    logprobs: np.ndarray  # [N, M] float32
+    lengths: np.ndarray  # [N] int32
+    decode_iterations: int
+    live_slot_iterations: int  # live rows summed over decode iterations
+    slot_iterations: int  # computed rows (the width) summed over decode iterations
+    refills: int
+    waves: int
+    prefill_s: float
+    decode_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One generate call's static settings (each distinct value compiles its programs once)."""
+
+    prompt_len: int  # P
+    max_new: int  # M
+    chunk: int
+    sampling: object  # engine.SamplingParams (hashable)
+
+
+# Narrowest compaction width per replica: below a few rows a decode iteration costs about the
+# same at any width (it reads every weight once; tools/bench_variable_lengths.py measures the
+# per-iteration time by width), and each width compiles its own programs.
+NARROWEST_ROWS_PER_REPLICA = 4
+
+
+def slot_widths(width: int, replicas: int) -> list[int]:
+    """Compaction widths, widest first: halving, in whole replicas, down to
+    `NARROWEST_ROWS_PER_REPLICA` rows per replica."""
+    widths, narrowest = [width], NARROWEST_ROWS_PER_REPLICA * replicas
+    while widths[-1] > narrowest:
+        half = -(-widths[-1] // 2)
+        widths.append(-(-half // replicas) * replicas)
+    return widths
+
+
+class SlotPrograms:
+    """The compiled programs of one engine, by shape, with its mesh's layouts at their edges."""
+
+    def __init__(self, graphdef, mesh: Mesh, *, layers: int, cache_heads: int, eos_id, pad_id):
+        self.graphdef, self.mesh, self.layers = graphdef, mesh, layers
+        self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
+        self.replicated = NamedSharding(mesh, PS())
+        self._compiled = {}
+
+    @property
+    def replicas(self) -> int:
+        return self.mesh.shape[sharding.DATA]
+
+    def program(self, kind: str, static: tuple, *args):
+        """The compiled `kind` program of `static` settings, compiled on first use."""
+        if (kind, static) not in self._compiled:
+            self._compiled[kind, static] = self.jit(kind, static).lower(*args).compile()
+        return self._compiled[kind, static]
+
+    def jit(self, kind: str, static: tuple):
+        """`start`, `compact` (static: call, width, requests) or `run` (static: call, width,
+        requests, floor, refill)."""
+        call, width = static[0], static[1]
+        common = dict(sampling=call.sampling, eos_id=self.eos_id)
+        out = self._slot_shardings()
+        match kind:
+            case "start":
+                fn = functools.partial(
+                    programs.start, self.graphdef, width=width, chunk=call.chunk,
+                    max_new=call.max_new, cache_heads=self.cache_heads, pad_id=self.pad_id,
+                    **common,
+                )  # fmt: skip
+                return jax.jit(fn, out_shardings=out)
+            case "run":  # the slots are donated: the loop updates their cache in place
+                fn = functools.partial(
+                    programs.run, self.graphdef, floor=static[3], refill=static[4],
+                    replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
+                    **common,
+                )  # fmt: skip
+                return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
+            case "compact":
+                return jax.jit(functools.partial(programs.compact, width=width), out_shardings=out)
+        raise ValueError(f"no slot program {kind!r}")
+
+    def _slot_shardings(self) -> programs.Slots:
+        rows, cache = (
+            NamedSharding(self.mesh, PS(sharding.DATA)),
+            sharding.cache_sharding(self.mesh),
+        )
+        return programs.Slots(
+            cache=tuple((cache, cache) for _ in range(self.layers)),
+            request=rows,
+            length=rows,
+            prompt_len=rows,
+            last=rows,
+            waiting=self.replicated,
+            tokens=self.replicated,
+            logprobs=self.replicated,
+            lengths=self.replicated,
+            counts=self.replicated,
+            key=self.replicated,
+        )
+
+
+@dataclasses.dataclass
+class _Clock:
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    def timed(self, phase: str, program, *args):
+        """Run a compiled program to completion, adding its seconds to `phase`."""
+        begin = time.perf_counter()
+        out = jax.block_until_ready(program(*args))
+        setattr(self, phase, getattr(self, phase) + time.perf_counter() - begin)
+        return out
+
+
+def generate_slots(
+    slots: SlotPrograms,
+    params,
+    requests: programs.Requests,
+    *,
+    key: jax.Array,
+    call: Call,
+    width: int,
+    scheduler: Scheduler,
+) -> Generated:
+    """Every request's completion (host `requests`, `first` 0), by `scheduler` over `width`
+    slots."""
+    match scheduler:
+        case Scheduler.waves:
+            return _waves(slots, params, requests, key=key, call=call, width=width)
+        case Scheduler.continuous:
+            return _continuous(slots, params, requests, key=key, call=call, width=width)
+
+
+def _start(slots: SlotPrograms, params, requests, key, call: Call, width: int, clock: _Clock):
+    placed = jax.device_put(requests, slots.replicated)
+    static = (call, width, len(requests.caps))
+    program = slots.program("start", static, params, placed, key)
+    return clock.timed("prefill_s", program, params, placed, key), placed, static
+
+
+def _run(slots: SlotPrograms, params, state, placed, static, floor, refill, clock: _Clock):
+    program = slots.program("run", (*static, floor, refill), params, state, placed)
+    return clock.timed("decode_s", program, params, state, placed)
+
+
+def _waves(slots: SlotPrograms, params, requests, *, key, call: Call, width: int) -> Generated:
+    """Waves of `width` rows (the last padded with its first request, whose copies are
+    dropped), each decoded until its longest row ends."""
+    n, clock, parts = len(requests.caps), _Clock(), []
+    for first in range(0, n, width):
+        rows = np.arange(first, first + width)
+        rows = np.where(rows < n, rows, first)
+        wave = programs.Requests(
+            prompts=requests.prompts[rows],
+            prompt_lens=requests.prompt_lens[rows],
+            caps=requests.caps[rows],
+            first=np.int32(first),
+        )
+        state, placed, static = _start(slots, params, wave, key, call, width, clock)
+        state = _run(slots, params, state, placed, static, 0, False, clock)
+        parts.append(jax.device_get((state.tokens, state.logprobs, state.lengths, state.counts)))
+    cat = lambda i: np.concatenate([p[i] for p in parts])[:n]
+    counts = np.sum([p[3] for p in parts], axis=0)
+    return _generated(cat(0), cat(1), cat(2), counts, waves=len(parts), clock=clock)
+
+
+def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width: int):
+    """`width` slots refilled on device while requests wait, then narrowed as rows end."""
+    clock, total = _Clock(), len(requests.caps)
+    widths = slot_widths(width, slots.replicas)
+    state, placed, static = _start(slots, params, requests, key, call, width, clock)
+    while True:
+        narrower = [w for w in widths if w < static[1]]
+        floor = narrower[0] if narrower else 0
+        state = _run(slots, params, state, placed, static, floor, True, clock)
+        live = int(np.sum(np.asarray(state.request) < total)) if floor else 0
+        if not live:
+            break
+        static = (call, min(w for w in narrower if w >= live), total)
+        program = slots.program("compact", static, state)
+        state = clock.timed("decode_s", program, state)
+    tokens, logprobs, lengths, counts = jax.device_get(
+        (state.tokens, state.logprobs, state.lengths, state.counts)
+    )
+    return _generated(tokens, logprobs, lengths, counts, waves=1, clock=clock)
+
+
+def _generated(tokens, logprobs, lengths, counts, *, waves: int, clock: _Clock) -> Generated:
+    iterations, live, computed, refills = (int(x) for x in counts)
+    return Generated(
+        tokens=tokens,
+        logprobs=logprobs,
+        lengths=lengths,
+        decode_iterations=iterations,
+        live_slot_iterations=live,
+        slot_iterations=computed,
+        refills=refills,
+        waves=waves,
+        prefill_s=clock.prefill_s,
+        decode_s=clock.decode_s,
+    )
