@@ -52,7 +52,7 @@ from locoexp.placement.layout import Layout, build_layout
 from locoexp.placement.loop import LoopClock, LoopPlan, drive
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.phases import StepSettings
-from locoexp.planner import Roles, Setup, check_fit, describe_plan
+from locoexp.planner import Roles, Setup, check_fit, describe_plan, resolved_micro_batch_rows
 from locoexp.planner.estimate import publication_bytes
 from locoexp.planner.plan import object_store_bytes, trainer_row_tokens
 from locoexp.rollout.build import build_engine
@@ -160,7 +160,7 @@ def check_run(config: Config) -> Config:
     return dataclasses.replace(
         config,
         trainer=dataclasses.replace(
-            config.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+            config.trainer, micro_batch_rows=resolved_micro_batch_rows(config.trainer, resolved)
         ),
         rollout=dataclasses.replace(config.rollout, capacity=resolved.capacity),
     )

@@ -24,7 +24,7 @@ from locoexp.planner.plan import (
     fits,
     shared_memory,
 )
-from locoexp.trainer.config import AttentionKind, RematPolicy
+from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
 
 # hardware=cpu: a micro-batch stops growing once its activations would pass this. On a CPU a
 # micro-batch of a few thousand tokens already runs its matmuls at full rate, while every further
@@ -99,7 +99,9 @@ def resolve_plan(setup: Setup) -> Plan:
         per_replica = -(-min(fixed, requests) // setup.replicas)
     rows = build_plan(setup, micro=1, per_replica=1).trainer_shape.rows
     micro = setup.trainer.micro_batch_rows
-    if not micro:
+    if not setup.trainer.accumulate:  # the paper's layout: every row in one pass
+        micro = rows
+    elif not micro:
         start = per_replica if fixed else 1
         candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
         plans = (build_plan(setup, micro=m, per_replica=start) for m in candidates)
@@ -118,6 +120,18 @@ def resolve_plan(setup: Setup) -> Plan:
     return build_plan(setup, micro=micro, per_replica=per_replica)
 
 
+def resolved_micro_batch_rows(trainer: TrainerConfig, plan: Plan) -> int:
+    """What `trainer.micro_batch_rows` becomes once planned: the plan's rows per micro-batch,
+    or 0 (every row in one pass) under the paper's layout (`trainer.accumulate=false`)."""
+    return plan.trainer_shape.micro_batch_rows if trainer.accumulate else 0
+
+
+def paper_layout(setup: Setup) -> Setup:
+    """`setup` under the paper's trainer layout: no gradient accumulation, one pass over the
+    per-device batch (Section 4.2)."""
+    return _replace(setup, {"trainer": {"accumulate": False, "micro_batch_rows": 0}})
+
+
 def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f}"
 
@@ -128,6 +142,8 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
     t, m, r = setup.trainer, setup.model, setup.rollout
     trainer, engine = role in ("trainer", "machine"), role in ("engine", "machine")
     out = []
+    if trainer and not t.accumulate:  # locoexp's own layout: accumulate over micro-batches
+        out.append(("trainer.accumulate=true", {"trainer": {"accumulate": True}}))
     if trainer and t.micro_batch_rows:
         out.append(("trainer.micro_batch_rows=0", {"trainer": {"micro_batch_rows": 0}}))
     if engine and r.capacity:

@@ -6,12 +6,13 @@ It formats; it never resolves or refuses (that is `locoexp.planner.fit`).
 from locoexp.errors import ConfigError
 from locoexp.model.config import RematPolicy
 from locoexp.planner.estimate import GIB, TrainerShape
-from locoexp.planner.fit import check_fit, parameters_b, resolve_plan
+from locoexp.planner.fit import check_fit, paper_layout, parameters_b, resolve_plan
 from locoexp.planner.plan import (
     OBJECT_STORE_VERSIONS,
     Plan,
     Setup,
     capacity_bytes,
+    fits,
     object_store_bytes,
     shared_memory,
 )
@@ -113,13 +114,36 @@ def _hardware_line(setup: Setup, hosts_note: str) -> str:
     )
 
 
+def accumulation_note(setup: Setup, plan: Plan) -> str:
+    """Empty unless the plan fits only by accumulating gradients over micro-batches, which the
+    paper's trainer does not (Section 4.2); then what the paper's layout would need."""
+    if not setup.trainer.accumulate or plan.trainer_shape.micro_batches == 1:
+        return ""
+    paper = resolve_plan(paper_layout(setup))
+    if fits(paper, setup.hardware)[0]:
+        return ""
+    need = paper.machine_total if shared_memory(setup.hardware) else paper.trainer_peak
+    per = "for all local processes" if shared_memory(setup.hardware) else "per device"
+    return (
+        f"fits with gradient accumulation ({_n(plan.trainer_shape.micro_batches, 'micro-batch')}"
+        f"); the paper's layout (trainer.accumulate=false) needs {_gib(need)} GiB {per} of "
+        f"{_gib(capacity_bytes(setup.hardware))}"
+    )
+
+
+def verdict_of(setup: Setup) -> str:
+    """One sentence: fits, fits with gradient accumulation (and what the paper's layout
+    would need), or the refusal."""
+    try:
+        plan = check_fit(setup)
+    except ConfigError as error:
+        return str(error)
+    return accumulation_note(setup, plan) or "fits"
+
+
 def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
     """The dry-run report; its last line is the verdict ("fits" or the refusal)."""
-    try:
-        check_fit(setup)
-        verdict = "fits"
-    except ConfigError as error:
-        verdict = str(error)
+    verdict = verdict_of(setup)
     if setup.model.num_heads % setup.rollout.tensor_parallel:
         return f"model {setup.model.name}: {verdict}"
     plan = resolve_plan(setup)
