@@ -32,11 +32,12 @@ from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.files import check_data_files
 from locoexp.errors import require
 from locoexp.hardware.config import ChipKind
-from locoexp.main import build_schedule
+from locoexp.main import build_schedule, plan, plan_setup
 from locoexp.main import check_run as check_fit
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
+from locoexp.planner.report import summarize_plan
 from locoexp.rollout.config import EngineKind
 
 
@@ -59,6 +60,19 @@ def check_run(config: Config) -> None:
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
     build_schedule(config, rows)
+
+
+def dry_run_report(jobs: list[tuple[list[str], Config]]) -> str:
+    """`dry_run=true`: one job's whole plan; a sweep's, one line per job (the overrides that set
+    it apart, the verdict, GiB per device of each role, micro-batches, waves)."""
+    if len(jobs) == 1:
+        return plan(jobs[0][1])
+    shared = set.intersection(*(set(job) for job, _ in jobs))
+    lines = []
+    for number, (job, config) in enumerate(jobs):
+        cell = " ".join(o for o in job if o not in shared)
+        lines.append(f"job {number} {cell}: {summarize_plan(plan_setup(config))}")
+    return "\n".join([f"{len(jobs)} jobs ({' '.join(jobs[0][0])}, ...):", *lines])
 
 
 def check_data(dataset: DatasetConfig) -> int:

@@ -126,10 +126,11 @@ def resolved_micro_batch_rows(trainer: TrainerConfig, plan: Plan) -> int:
     return plan.trainer_shape.micro_batch_rows if trainer.accumulate else 0
 
 
-def paper_layout(setup: Setup) -> Setup:
+def paper_layout(setup: Setup, *, remat: RematPolicy | None = None) -> Setup:
     """`setup` under the paper's trainer layout: no gradient accumulation, one pass over the
-    per-device batch (Section 4.2)."""
-    return _replace(setup, {"trainer": {"accumulate": False, "micro_batch_rows": 0}})
+    per-device batch (Section 4.2); with `remat`, under that policy too."""
+    trainer = {"accumulate": False, "micro_batch_rows": 0, "remat": remat or setup.trainer.remat}
+    return _replace(setup, {"trainer": trainer})
 
 
 def _gib(nbytes: int) -> str:
