@@ -16,7 +16,18 @@ from locoexp.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
 # The paper's experiments (each with a `_cpu` variant); other files hold benchmark workloads.
-PAPER_SCALE = ["co_vs_da", "cost_to_learn", "lever_ablation", "scale_study", "stack_comparison"]
+PAPER_SCALE = [
+    "co_vs_da",
+    "cost_to_learn",
+    "cost_to_learn_seeds",
+    "lever_ablation",
+    "model_size",
+    "pathways_ratio",
+    "scale_controls",
+    "scale_study",
+    "stack_comparison",
+    "tp_sweep_64",
+]
 # Keys the paper's settings need that other branches are adding; the lead reconciles at merge.
 PENDING_KEYS = ("rollout.param_dtype",)
 REPEATS = ("launch", "seed")  # repeat a cell; composing their first value covers the cell
@@ -97,12 +108,16 @@ def dry_run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("experiment", PAPER_SCALE)
 def test_paper_scale_experiment_dry_runs_one_line_per_job(experiment):
-    result = dry_run("-m", f"+experiment={experiment}")
+    # one launch or seed (a command-line value replaces the file's): every cell, fewer jobs;
+    # tests/test_paper_experiments.py plans every job
+    repeats = [f"{key}=0" for key in REPEATS if key in sweep_params(experiment)]
+    args = ["-m", f"+experiment={experiment}", *repeats]
+    result = dry_run(*args)
     pending = [k for k in PENDING_KEYS if k.split(".")[-1] in result.stderr]
     if result.returncode == 2 and pending:
         pytest.skip(f"{pending[0]} is being added on another branch: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
-    jobs = sweep_jobs(["-m", f"+experiment={experiment}"])
+    jobs = sweep_jobs([*args, "dry_run=true"])
     lines = [line for line in result.stdout.splitlines() if line.startswith("job ")]
     assert len(jobs) > 1 and len(lines) == len(jobs)
     assert all(" GiB " in line and " wave" in line for line in lines), lines[:3]
