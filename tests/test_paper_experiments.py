@@ -15,8 +15,10 @@ caps plan as needing accumulation. The test fails when a cell moves either way.
 
 import pytest
 
-from locoexp.compose import compose_configs, sweep_jobs
+from locoexp.compose import compose_config, compose_configs, sweep_jobs
+from locoexp.errors import ConfigError
 from locoexp.main import plan_setup
+from locoexp.planner import check_fit
 from locoexp.planner.report import verdict_of
 
 REPEATS = ("launch=", "seed=", "+experiment=", "dry_run=")
@@ -416,3 +418,15 @@ def test_every_job_of_a_paper_experiment_plans_as_the_paper_says(experiment):
 def test_the_table_cites_the_paper_for_every_cell():
     assert all(cite.startswith(("Table", "App.")) for *_, cite in PAPER)
     assert len({(name, cell) for name, cell, *_ in PAPER}) == len(PAPER) == 232
+
+
+@pytest.mark.parametrize("tp", [16, 32])
+def test_a_405b_cell_without_its_workaround_is_refused_naming_the_papers(tp):
+    # block remat only, the engine's weights kept (what the cells hold without the workaround)
+    kept = ["rollout.release_weights_during_training=false"] if tp == 16 else []
+    cell = compose_config(
+        [f"+scale_cell=llama3_1_405b_tp{tp}", "+experiment=scale_study", "trainer.remat=block"]
+        + kept
+    )
+    with pytest.raises(ConfigError, match=r"the paper's own workaround: Table H1 fit 405B at TP"):
+        check_fit(plan_setup(cell))

@@ -15,6 +15,7 @@ from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
+from locoexp.planner.paper import paper_workaround
 from locoexp.planner.plan import (
     Plan,
     Roles,
@@ -278,6 +279,8 @@ def check_fit(setup: Setup) -> Plan:
             "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
             "dataset.max_new_tokens, or use a larger hardware slice"
         )
+    paper = paper_workaround(setup.model.name, setup.rollout.tensor_parallel, setup.hardware.chips)
+    advice += f"; the paper's own workaround: {paper}" if paper else ""
     raise ConfigError(f"does not fit: {_shortfall(setup, plan, role)}; {advice}.")
 
 
