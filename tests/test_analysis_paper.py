@@ -313,3 +313,47 @@ def test_the_analysis_package_never_imports_jax():
         "assert 'jax' not in sys.modules, 'jax was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def accounting_text(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "locoexp.analysis", "accounting", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_accounting_on_the_papers_numbers_prints_the_papers_verdicts():
+    # App. C trade-off 1 (Eq. 2): TP1 -> TP2 saves 0.21 ms at 0.6B against 0.68 ms, 1.16 ms at
+    # 4B against 0.77-0.85 ms; bytes terms at 3.32 TB/s 0.18 and 1.20 ms
+    assert "bytes term 0.18 ms" in accounting_text("--eq2", "1.195e9", "3.32e12", "0.21", "0.68")
+    assert accounting_text("--eq2", "1.195e9", "3.32e12", "0.21", "0.68").strip().endswith("TP1")
+    assert accounting_text("--eq2", "7.97e9", "3.32e12", "1.16", "0.85").strip().endswith("TP2")
+    # Eq. 3, one alpha per stack: 2,048 requests on the Pathways head (~1.0 s) against 128 per
+    # LoCoJAX host at 64 chips (under 0.06 s)
+    eq3 = accounting_text(
+        "--admission", "pathways", "0", "0.00049", "2048",
+        "--admission", "locojax", "0", "0.00047", *["128"] * 16,
+    )  # fmt: skip
+    assert "(pathways): alpha0 0 s + alpha1 0.00049 s x max 2048 requests = 1.004 s" in eq3
+    assert "(locojax): alpha0 0 s + alpha1 0.00047 s x max 128 requests = 0.060 s" in eq3
+    # Eq. 4 at GSM8K 128 chips with the co step of Table F1: da about 10% faster, 1.58 s
+    eq4 = accounting_text(
+        *("--o", "0.32", "--a", "0.58", "--f", "0.23", "--dl", "0.49", "--tau", "0.03"),
+        *("--lambda-co", "1.73"),
+    )
+    assert "favours da" in eq4 and "lambda_DA 1.580 s, DA/CO 0.913" in eq4
+    assert "favours co" in accounting_text("--o", "1.1", "--f", "2.9", "--lambda-co", "5.08")
+    # E.1 on Table E3's NuminaMath block, 32B out of the fit: the model column, and Figure 8's
+    # free slope a = 0.92
+    e1 = accounting_text(
+        "--ratio-model",
+        *("--t-pw", "51.12", "70.34", "89.43", "99.20", "154.08"),
+        *("--t-loco", "26.71", "46.53", "68.95", "78.54", "149.67"),
+        *("--out-of-fit", "4"),
+    )
+    assert "R from the others' Delta 1.81, 1.47, 1.33, 1.29, 1.15" in e1
+    assert "free fit a = 0.92" in e1 and "out of the fit: cells 4" in e1
