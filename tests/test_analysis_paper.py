@@ -357,3 +357,10 @@ def test_accounting_on_the_papers_numbers_prints_the_papers_verdicts():
     )
     assert "R from the others' Delta 1.81, 1.47, 1.33, 1.29, 1.15" in e1
     assert "free fit a = 0.92" in e1 and "out of the fit: cells 4" in e1
+
+
+def test_the_admission_fit_recovers_eq3s_alphas():
+    # d_adm = 2 ms + 0.49 ms per request (the Pathways head's ~1.0 s for 2,048 requests)
+    requests = [128, 512, 2048]
+    alpha0, alpha1 = accounting.fit_admission(requests, [0.002 + 0.00049 * n for n in requests])
+    assert alpha0 == pytest.approx(0.002) and alpha1 == pytest.approx(0.00049)
