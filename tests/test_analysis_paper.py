@@ -364,3 +364,21 @@ def test_the_admission_fit_recovers_eq3s_alphas():
     requests = [128, 512, 2048]
     alpha0, alpha1 = accounting.fit_admission(requests, [0.002 + 0.00049 * n for n in requests])
     assert alpha0 == pytest.approx(0.002) and alpha1 == pytest.approx(0.00049)
+
+
+def test_a_recompiling_scored_step_adds_the_compile_charged_ratio(tmp_path):
+    # App. A: where scored steps recompile, the ratio with compile time charged back is reported
+    # too; the headline (launch medians) leaves the recompiling step out
+    times = noisy(5.0, seed=1)
+    times[30] = 100.0  # a scored step (23-38) recompiles
+    slow = [write_run(tmp_path / f"da-{k}", times, placement="da", split=0.5, launch=k)
+            for k in range(3)]  # fmt: skip
+    co = arm(tmp_path, "co", 5.0)
+    result = compare.compare_arms(find_runs(slow), find_runs(co))
+    assert result["headline"]["ratio"] == pytest.approx(1.0, abs=0.02)
+    charged = result["compile_charged"]["ratio"]
+    assert charged == pytest.approx((15 * 5.0 + 100.0) / 16 / 5.0, rel=0.02)
+    assert "with compile time charged back" in compare.format_comparison(result)
+    other = arm(tmp_path, "co-other", 5.5)
+    plain = compare.compare_arms(find_runs(other), find_runs(co))
+    assert plain["compile_charged"] is None
