@@ -369,10 +369,11 @@ def test_the_admission_fit_recovers_eq3s_alphas():
 def test_a_recompiling_scored_step_adds_the_compile_charged_ratio(tmp_path):
     # App. A: where scored steps recompile, the ratio with compile time charged back is reported
     # too; the headline (launch medians) leaves the recompiling step out
-    times = noisy(5.0, seed=1)
-    times[30] = 100.0  # a scored step (23-38) recompiles
-    slow = [write_run(tmp_path / f"da-{k}", times, placement="da", split=0.5, launch=k)
-            for k in range(3)]  # fmt: skip
+    slow = []
+    for k in range(3):
+        times = noisy(5.0, seed=k + 1)
+        times[30] = 100.0  # a scored step (23-38) recompiles
+        slow.append(write_run(tmp_path / f"da-{k}", times, placement="da", split=0.5, launch=k))
     co = arm(tmp_path, "co", 5.0)
     result = compare.compare_arms(find_runs(slow), find_runs(co))
     assert result["headline"]["ratio"] == pytest.approx(1.0, abs=0.02)
