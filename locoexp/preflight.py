@@ -26,6 +26,7 @@ create the run directory, build a model or initialise a JAX backend (a multi-hos
 must call `jax.distributed.initialize` first).
 """
 
+from locoexp.compose import experiment_sweep
 from locoexp.config import Config
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
@@ -66,7 +67,14 @@ def dry_run_report(jobs: list[tuple[list[str], Config]]) -> str:
     """`dry_run=true`: one job's whole plan; a sweep's, one line per job (the overrides that set
     it apart, the verdict, GiB per device of each role, micro-batches, waves)."""
     if len(jobs) == 1:
-        return plan(jobs[0][1])
+        job, config = jobs[0]
+        sweep = experiment_sweep(job) if any(o.startswith("+experiment=") for o in job) else []
+        note = (
+            f"\n(one job: this experiment sweeps {', '.join(sweep)}; plan every job with -m)"
+            if sweep
+            else ""
+        )
+        return plan(config) + note
     shared = set.intersection(*(set(job) for job, _ in jobs))
     lines = []
     for number, (job, config) in enumerate(jobs):

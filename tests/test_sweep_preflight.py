@@ -49,3 +49,11 @@ def test_a_misspelt_key_inside_an_experiment_file_names_the_file_and_the_valid_k
     message = hydra_message(error.value)
     assert message.startswith("In 'experiment/typo': 'dataset.prompts_per_stepp' is not a config")
     assert "prompts_per_step," in message and "\n" not in message
+
+
+def test_one_job_of_a_sweeping_experiment_says_the_grid_needs_multirun():
+    from locoexp.preflight import dry_run_report  # noqa: PLC0415  (loads jax)
+
+    report = dry_run_report(preflight(["+experiment=co_vs_da_cpu", "dry_run=true"]))
+    assert report.endswith("plan every job with -m)")
+    assert "sweeps launch=0,1,2, +arm=co_optimized,da_25,da_50,da_75" in report
