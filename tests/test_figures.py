@@ -157,5 +157,19 @@ def test_figure_4s_ratio_is_compares_geometric_mean_over_launches(tmp_path):
         write_run(tmp_path / f"co-{launch}", noisy(1.0, spread=0.0), launch=launch)
     fig = by_chips(find_runs([tmp_path]), steady=None, arms=None, title="Figure 4")
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    labels = {ax.get_xlabel() for ax in fig.axes}
     plt.close(fig)
     assert "4.00x" in texts, texts
+    assert labels == {"chips"}  # TPU chips; a hardware=cpu run counts CPU hosts
+
+
+def test_cpu_runs_are_counted_in_hosts_not_chips(tmp_path):
+    from locoexp.analysis.figures import by_chips  # noqa: PLC0415
+
+    config = {"hardware": {"chip": "cpu", "hosts": 2, "chips_per_host": 1}}
+    write_run(tmp_path / "co", noisy(1.0), config=config)
+    runs = find_runs([tmp_path])
+    assert runs[0].label.endswith("CPU hosts")
+    fig = by_chips(runs, steady=None, arms=None, title="Figure 4")
+    assert {ax.get_xlabel() for ax in fig.axes} == {"CPU hosts"}
+    plt.close(fig)

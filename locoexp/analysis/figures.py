@@ -155,11 +155,12 @@ def by_chips(runs: Sequence[Run], *, steady: str | None, arms: str | None, title
         _annotate_ratios(ax, cells, steady)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("chips")
+        ax.set_xlabel(cells[0].unit)
         ax.set_ylabel("steady step time (s)")
         ax.set_title(workload[0])
         ax.legend(fontsize=7)
-    fig.suptitle(f"{title}: step time against chips" + (" (co vs da)" if arms else ""))
+    unit = runs[0].unit
+    fig.suptitle(f"{title}: step time against {unit}" + (" (co vs da)" if arms else ""))
     return fig
 
 
@@ -214,12 +215,12 @@ def fig5(runs: Sequence[Run], *, steady: str | None):
     else:
         no_data(b, f"{key} of a single_controller run")
     a.set_xscale("log", base=2)
-    a.set_xlabel("chips")
+    a.set_xlabel(runs[0].unit)
     a.set_ylabel("seconds per step")
     a.set_title("(a) step time and head interval")
     a.legend(fontsize=7)
     b.set_xscale("log", base=2)
-    b.set_xlabel("chips")
+    b.set_xlabel(runs[0].unit)
     b.set_ylabel("head interval, % of the single controller's step")
     b.set_title("(b) head interval share")
     if key != "timing/head_interval_s":
