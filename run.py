@@ -72,15 +72,15 @@ def resume_line(stopped, run_dir: str) -> str:
 
 def cli() -> None:
     try:
-        configs = preflight(sys.argv[1:])
+        jobs = preflight(sys.argv[1:])
     except (ConfigError, OmegaConfBaseException, hydra.errors.HydraException, ValueError) as error:
         message = str(error) if isinstance(error, ConfigError) else hydra_message(error)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
-    if configs and all(c.dry_run for c in configs):  # print the plans; create no run directory
-        from locoexp.main import plan  # noqa: PLC0415
+    if jobs and all(c.dry_run for _, c in jobs):  # print the plans; create no run directory
+        from locoexp.preflight import dry_run_report  # noqa: PLC0415
 
-        print("\n\n".join(plan(c) for c in configs), flush=True)
+        print(dry_run_report(jobs), flush=True)
         return
     main()
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -49,9 +51,21 @@ def _refuse_unknown_keys(node: DictConfig, schema: type, *, prefix: str) -> None
 
 
 def compose_configs(jobs: list[list[str]]) -> list[Config]:
-    """The typed config of `python run.py <overrides>` for each job."""
+    """The typed config of `python run.py <overrides>` for each job; of several jobs, a refusal
+    names the job's overrides."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return [to_config(compose(config_name="config", overrides=[*o, EXPERIMENTS])) for o in jobs]
+        return [_compose_job(o, named=len(jobs) > 1) for o in jobs]
+
+
+def _compose_job(overrides: list[str], *, named: bool) -> Config:
+    try:
+        return to_config(compose(config_name="config", overrides=[*overrides, EXPERIMENTS]))
+    except (ConfigError, OmegaConfBaseException, HydraException, ValueError) as error:
+        message = str(error) if isinstance(error, ConfigError) else hydra_message(error)
+        if not named and isinstance(error, ConfigError):
+            raise
+        job = f"job {' '.join(overrides)}: " if named else ""
+        raise ConfigError(job + message) from error
 
 
 def compose_config(overrides: list[str] = ()) -> Config:
@@ -62,19 +76,21 @@ def compose_config(overrides: list[str] = ()) -> Config:
 def hydra_message(error: Exception) -> str:
     """Hydra/OmegaConf errors -> one sentence naming the key and what is valid."""
     chain = []
-    while error is not None:
+    while error is not None and error not in chain:  # raised from, or while handling, another
         chain.append(error)
-        error = error.__cause__
+        error = error.__cause__ or error.__context__
+    # a key inside an experiment (or other) file: Hydra's "In 'experiment/x': ..." names it
+    where = str(chain[0]).partition("': ")[0] + "': " if str(chain[0]).startswith("In '") else ""
     for cause in chain:
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
                 parent = key.rpartition(".")[0]
                 return (
-                    f"'{key}' is not a config key; the valid keys of {parent or 'the root'} are "
-                    f"{', '.join(config_keys(parent))}."
+                    f"{where}'{key}' is not a config key; the valid keys of "
+                    f"{parent or 'the root'} are {', '.join(config_keys(parent))}."
                 )
-            return f"{key}: {what.rstrip('.')}."
+            return f"{where}{key}: {what.rstrip('.')}."
     lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
     if "Available options" in str(chain[-1]):  # a missing group option: name the valid ones
         head = lines[0].removeprefix("In 'config': ")
@@ -99,28 +115,65 @@ def job_overrides(argv: list[str]) -> list[str]:
 
 
 def sweep_combinations(overrides: list[str]) -> list[list[str]]:
-    """Every job of a multirun, as plain overrides, so each can be checked before any runs."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = []
-    for o in parsed:
+    """Every job of a multirun, as plain overrides, in the order Hydra's basic sweeper runs
+    them: one choice list per key (a key given twice keeps the later value at the earlier
+    position), their product with the first key outermost, so each can be checked before any
+    runs. `glob(...)` over a group lists its options in conf/ and experiments/."""
+    choices: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
         key = o.get_key_element()
-        values = (
-            list(o.sweep_string_iterator())
-            if o.is_sweep_override()
-            else [o.get_value_element_as_str()]
+        if not o.is_sweep_override():
+            values = [o.get_value_element_as_str()]
+        elif isinstance(o.value(), Glob):
+            values = o.value().filter(group_options(key.lstrip("+~")))
+        else:
+            values = list(o.sweep_string_iterator())
+        choices[key] = [f"{key}={v}" for v in values]
+    return [list(c) for c in itertools.product(*choices.values())]
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group, from conf/ and experiments/ (Hydra's search path)."""
+    folders = (CONFIG_DIR / group, CONFIG_DIR.parent / "experiments" / group)
+    return sorted({f.stem for folder in folders for f in folder.glob("*.yaml")})
+
+
+def experiment_sweep(overrides: list[str]) -> list[str]:
+    """An experiment file's `hydra.sweeper.params` as overrides (Hydra's basic sweeper puts them
+    before the command line's), read from the config the command line composes without its
+    sweeps (as Hydra composes the multirun's own config)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o for o, p in zip(overrides, parsed, strict=True) if not p.is_sweep_override()]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=[*fixed, EXPERIMENTS], return_hydra_config=True
         )
-        choices.append([f"{key}={v}" for v in values])
-    return [list(c) for c in itertools.product(*choices)]
+    params = cfg.hydra.sweeper.get("params") or {}
+    return [f"{key}={value}" for key, value in params.items()]
 
 
-def preflight(argv: list[str]) -> list[Config]:
-    """Compose and validate every job of a command line before Hydra starts, so bad input
-    writes nothing: the schema's checks, then `locoexp.preflight.check_run` (files, engine,
-    logger)."""
-    configs = compose_configs(sweep_combinations(job_overrides(argv)))
+def sweep_jobs(argv: list[str]) -> list[list[str]]:
+    """The jobs of a command line: one, or under `-m` every job of its sweep together with the
+    experiment file's."""
+    overrides = job_overrides(argv)
+    if not {"-m", "--multirun"} & set(argv):
+        return [overrides]
+    return sweep_combinations([*experiment_sweep(overrides), *overrides])
+
+
+def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
+    """Compose and validate every job of a command line before Hydra starts (an experiment
+    file's sweep included), so bad input writes nothing: the schema's checks, then
+    `locoexp.preflight.check_run` (files, engine, logger). Returns (overrides, config) per job."""
+    jobs = sweep_jobs(argv)
+    configs = compose_configs(jobs)
     from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
 
-    for config in configs:
+    for job, config in zip(jobs, configs, strict=True):
         if not config.dry_run:
-            check_run(config)
-    return configs
+            try:
+                check_run(config)
+            except ConfigError as error:
+                named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
+                raise ConfigError(named) from error
+    return list(zip(jobs, configs, strict=True))

@@ -19,8 +19,8 @@ from locoexp.config import Config
 from locoexp.metrics.run_output import RunFiles
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.launch import initialize_distributed, launch_local_processes
-from locoexp.planner import describe_plan
-from locoexp.session.build import build_spec, plan_setup
+from locoexp.preflight import plan
+from locoexp.session.build import build_spec
 from locoexp.session.lifecycle import run_session
 from locoexp.session.spec import RunSpec
 
@@ -71,15 +71,3 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
             bind_address=layout.bind_address,
         )
     return run_session(spec, files)
-
-
-def plan(config: Config) -> str:
-    """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
-    note = ""
-    if config.hardware.hosts_auto:
-        split = f" split={config.split}" if config.split is not None else ""
-        note = (
-            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
-            f"placement={config.placement.kind.value}{split} needs"
-        )
-    return describe_plan(plan_setup(config), hosts_note=note)

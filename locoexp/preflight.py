@@ -26,6 +26,7 @@ create the run directory, build a model or initialise a JAX backend (a multi-hos
 must call `jax.distributed.initialize` first).
 """
 
+from locoexp.compose import experiment_sweep
 from locoexp.config import Config
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
@@ -36,8 +37,10 @@ from locoexp.hardware.config import ChipKind
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
+from locoexp.planner import describe_plan
+from locoexp.planner.report import summarize_plan
 from locoexp.rollout.config import EngineKind
-from locoexp.session.build import build_spec
+from locoexp.session.build import build_spec, plan_setup
 
 
 def check_run(config: Config) -> None:
@@ -63,6 +66,38 @@ def check_run(config: Config) -> None:
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
     build_schedule(config.dataset, steps=config.steps, num_examples=rows)
+
+
+def plan(config: Config) -> str:
+    """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
+    note = ""
+    if config.hardware.hosts_auto:
+        split = f" split={config.split}" if config.split is not None else ""
+        note = (
+            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
+            f"placement={config.placement.kind.value}{split} needs"
+        )
+    return describe_plan(plan_setup(config), hosts_note=note)
+
+
+def dry_run_report(jobs: list[tuple[list[str], Config]]) -> str:
+    """`dry_run=true`: one job's whole plan; a sweep's, one line per job (the overrides that set
+    it apart, the verdict, GiB per device of each role, micro-batches, waves)."""
+    if len(jobs) == 1:
+        job, config = jobs[0]
+        sweep = experiment_sweep(job) if any(o.startswith("+experiment=") for o in job) else []
+        note = (
+            f"\n(one job: this experiment sweeps {', '.join(sweep)}; plan every job with -m)"
+            if sweep
+            else ""
+        )
+        return plan(config) + note
+    shared = set.intersection(*(set(job) for job, _ in jobs))
+    lines = []
+    for number, (job, config) in enumerate(jobs):
+        cell = " ".join(o for o in job if o not in shared)
+        lines.append(f"job {number} {cell}: {summarize_plan(plan_setup(config))}")
+    return "\n".join([f"{len(jobs)} jobs ({' '.join(jobs[0][0])}, ...):", *lines])
 
 
 def check_data(dataset: DatasetConfig) -> int:

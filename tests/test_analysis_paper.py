@@ -89,6 +89,28 @@ def test_compare_reads_table_f1_swe_32_chips_as_colocation_faster(tmp_path):
     assert result["verdict"] == "ours faster (Welch and paired agree)"
 
 
+def test_da_against_co_on_gsm8k_decides_on_the_welch_interval_alone(tmp_path):
+    # Table F1, GSM8K 8 chips: the 50% split 8.20 s against colocated 5.08 s (1.61x); App. A
+    # asks the paired-step bootstrap only on NuminaMath and SWE
+    da = arm(tmp_path, "da", 8.20, placement="da", split=0.5, dataset="gsm8k", hosts=2)
+    co = arm(tmp_path, "co", 5.08, dataset="gsm8k", hosts=2)
+    result = compare.compare_arms(find_runs(da), find_runs(co))
+    assert result["workload"] == "gsm8k"
+    assert result["verdict"] == "ours faster (Welch)"
+    # App. A's headline: launches averaged per cell, the ratio their geometric mean
+    headline = result["headline"]
+    assert headline["ratio"] == pytest.approx(8.20 / 5.08, rel=0.01)
+    assert headline["ratio"] == pytest.approx(result["welch"]["value"])
+    assert headline["baseline_s"] == pytest.approx(8.20, rel=0.01)
+
+
+def test_da_against_co_with_two_launches_is_provisional(tmp_path):
+    da = arm(tmp_path, "da", 40.4, placement="da", split=0.5, dataset="swe_agent", hosts=8)
+    co = arm(tmp_path, "co", 31.1, dataset="swe_agent", hosts=8, launches=2)
+    result = compare.compare_arms(find_runs(da), find_runs(co))
+    assert result["verdict"].startswith("ours faster, provisional (2 launches per arm")
+
+
 def test_eq4_gsm8k_8_chips_favours_colocation():
     # Appendix C trade-off 4: F = 2.9 s exceeds O = 1.1 s
     verdict = accounting.eq4_verdict(o=1.1, a=0.0, f=2.9, dl=0.0, tau=0.0)
@@ -291,3 +313,73 @@ def test_the_analysis_package_never_imports_jax():
         "assert 'jax' not in sys.modules, 'jax was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def accounting_text(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "locoexp.analysis", "accounting", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_accounting_on_the_papers_numbers_prints_the_papers_verdicts():
+    # App. C trade-off 1 (Eq. 2): TP1 -> TP2 saves 0.21 ms at 0.6B against 0.68 ms, 1.16 ms at
+    # 4B against 0.77-0.85 ms; bytes terms at 3.32 TB/s 0.18 and 1.20 ms
+    assert "bytes term 0.18 ms" in accounting_text("--eq2", "1.195e9", "3.32e12", "0.21", "0.68")
+    assert accounting_text("--eq2", "1.195e9", "3.32e12", "0.21", "0.68").strip().endswith("TP1")
+    assert accounting_text("--eq2", "7.97e9", "3.32e12", "1.16", "0.85").strip().endswith("TP2")
+    # Eq. 3, one alpha per stack: 2,048 requests on the Pathways head (~1.0 s) against 128 per
+    # LoCoJAX host at 64 chips (under 0.06 s)
+    eq3 = accounting_text(
+        "--admission", "pathways", "0", "0.00049", "2048",
+        "--admission", "locojax", "0", "0.00047", *["128"] * 16,
+    )  # fmt: skip
+    assert "(pathways): alpha0 0 s + alpha1 0.00049 s x max 2048 requests = 1.004 s" in eq3
+    assert "(locojax): alpha0 0 s + alpha1 0.00047 s x max 128 requests = 0.060 s" in eq3
+    # Eq. 4 at GSM8K 128 chips with the co step of Table F1: da about 10% faster, 1.58 s
+    eq4 = accounting_text(
+        *("--o", "0.32", "--a", "0.58", "--f", "0.23", "--dl", "0.49", "--tau", "0.03"),
+        *("--lambda-co", "1.73"),
+    )
+    assert "favours da" in eq4 and "lambda_DA 1.580 s, DA/CO 0.913" in eq4
+    assert "favours co" in accounting_text("--o", "1.1", "--f", "2.9", "--lambda-co", "5.08")
+    # E.1 on Table E3's NuminaMath block, 32B out of the fit: the model column, and Figure 8's
+    # free slope a = 0.92
+    e1 = accounting_text(
+        "--ratio-model",
+        *("--t-pw", "51.12", "70.34", "89.43", "99.20", "154.08"),
+        *("--t-loco", "26.71", "46.53", "68.95", "78.54", "149.67"),
+        *("--out-of-fit", "4"),
+    )
+    assert "R from the others' Delta 1.81, 1.47, 1.33, 1.29, 1.15" in e1
+    assert "free fit a = 0.92" in e1 and "out of the fit: cells 4" in e1
+
+
+def test_the_admission_fit_recovers_eq3s_alphas():
+    # d_adm = 2 ms + 0.49 ms per request (the Pathways head's ~1.0 s for 2,048 requests)
+    requests = [128, 512, 2048]
+    alpha0, alpha1 = accounting.fit_admission(requests, [0.002 + 0.00049 * n for n in requests])
+    assert alpha0 == pytest.approx(0.002) and alpha1 == pytest.approx(0.00049)
+
+
+def test_a_recompiling_scored_step_adds_the_compile_charged_ratio(tmp_path):
+    # App. A: where scored steps recompile, the ratio with compile time charged back is reported
+    # too; the headline (launch medians) leaves the recompiling step out
+    slow = []
+    for k in range(3):
+        times = noisy(5.0, seed=k + 1)
+        times[30] = 100.0  # a scored step (23-38) recompiles
+        slow.append(write_run(tmp_path / f"da-{k}", times, placement="da", split=0.5, launch=k))
+    co = arm(tmp_path, "co", 5.0)
+    result = compare.compare_arms(find_runs(slow), find_runs(co))
+    assert result["headline"]["ratio"] == pytest.approx(1.0, abs=0.02)
+    charged = result["compile_charged"]["ratio"]
+    assert charged == pytest.approx((15 * 5.0 + 100.0) / 16 / 5.0, rel=0.02)
+    assert "with compile time charged back" in compare.format_comparison(result)
+    other = arm(tmp_path, "co-other", 5.5)
+    plain = compare.compare_arms(find_runs(other), find_runs(co))
+    assert plain["compile_charged"] is None

@@ -1,7 +1,6 @@
 """Every experiment file of experiments/experiment/ composes, cell by cell of its Hydra sweep,
 into the typed Config; every paper-scale experiment dry-runs (prints its plan, exit 0)."""
 
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 
+from locoexp.compose import sweep_jobs
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 
@@ -17,9 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
 # The paper's experiments (each with a `_cpu` variant); other files hold benchmark workloads.
 PAPER_SCALE = [
-    "co_vs_da", "cost_to_learn", "lever_ablation", "scale_study", "stack_comparison",
+    "co_vs_da",
+    "cost_to_learn",
+    "cost_to_learn_seeds",
+    "lever_ablation",
+    "model_size",
+    "pathways_ratio",
+    "scale_controls",
+    "scale_study",
+    "stack_comparison",
+    "tp_sweep_64",
     "tunix_recipe",
-]  # fmt: skip
+]
 # Keys the paper's settings need that other branches are adding; the lead reconciles at merge.
 PENDING_KEYS = ("rollout.param_dtype",)
 REPEATS = ("launch", "seed")  # repeat a cell; composing their first value covers the cell
@@ -35,16 +44,14 @@ def sweep_params(experiment: str) -> dict[str, str]:
 
 
 def sweep_cells(experiment: str) -> list[list[str]]:
-    """The sweep's jobs as override lists, `glob(*)` expanded from the group's folder."""
-    choices = []
-    for key, value in sweep_params(experiment).items():
-        if value.startswith("glob("):
-            folder = ROOT / "experiments" / key.lstrip("+")
-            values = sorted(p.stem for p in folder.glob(value[5:-1] + ".yaml"))
-        else:
-            values = [v.strip() for v in str(value).split(",")]
-        choices.append([f"{key}={v}" for v in (values[:1] if key in REPEATS else values)])
-    return [[f"+experiment={experiment}", *job] for job in itertools.product(*choices)]
+    """The sweep's jobs as `python run.py -m +experiment=<name>` forms them (the file's params
+    before the command line, as Hydra's basic sweeper), one per cell: repeats at their first."""
+    jobs = sweep_jobs(["-m", f"+experiment={experiment}"])
+    firsts = {}
+    for key in REPEATS:
+        values = [o for job in jobs for o in job if o.startswith(f"{key}=")]
+        firsts[key] = values[0] if values else None
+    return [j for j in jobs if all(v is None or v in j for v in firsts.values())]
 
 
 def compose_or_skip_pending(compose, jobs: list[list[str]]) -> list[Config]:
@@ -72,30 +79,55 @@ def test_every_cell_of_every_experiment_composes_into_the_typed_config(experimen
 
 
 def test_paper_settings_reach_the_typed_config(compose):
-    table3 = compose(["+experiment=stack_comparison", "+workload=gsm8k", "+arm=co_optimized"])
+    # the sweeper's order: a cell's group before the experiment file, whose body comes after
+    table3 = compose(["+workload=gsm8k", "+arm=co_optimized", "+experiment=stack_comparison"])
     assert (table3.steps, table3.dataset.batches_per_pass, table3.dataset.passes) == (40, 20, 2)
     assert (table3.dataset.prompts_per_step, table3.dataset.samples_per_prompt) == (128, 16)
     assert table3.model.param_dtype.value == "bfloat16"  # GSM8K: bf16 trainer weights
     assert table3.opt.freeze_gc and table3.placement.kind.value == "co"
-    cell = compose(["+experiment=co_vs_da", "+workload=numinamath_cot", "+co_da_cell=c64_da_50"])
+    cell = compose(["+workload=numinamath_cot", "+co_da_cell=c64_da_50", "+experiment=co_vs_da"])
     assert (cell.hardware.chips, cell.split, cell.placement.kind.value) == (64, 0.5, "da")
-    scale = compose(["+experiment=scale_study", "+scale_cell=llama3_1_405b_tp16"])
-    assert (scale.rollout.tensor_parallel, scale.rollout.capacity) == (16, 256)
+    scale = compose(["+scale_cell=llama3_1_405b_tp16", "+experiment=scale_study"])
+    assert (scale.rollout.tensor_parallel, scale.rollout.capacity) == (16, 256)  # 8 waves
     assert (scale.dataset.max_new_tokens, scale.rollout.ignore_eos) == (8192, True)
+    assert scale.dataset.kind.value == "openmathinstruct2"  # Section 3.1
+    assert scale.model.param_dtype.value == "bfloat16"
+    small = compose(["+scale_cell=qwen3_8b_tp4", "+experiment=scale_study"])
+    assert (small.rollout.capacity, small.rollout.engine.value) == (1024, "vllm")  # 2 waves
 
 
-@pytest.mark.parametrize("experiment", PAPER_SCALE)
-def test_paper_scale_experiment_dry_runs(experiment):
-    result = subprocess.run(
-        [sys.executable, "run.py", f"+experiment={experiment}", "dry_run=true"],
+def dry_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run.py", *args, "dry_run=true"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
+
+
+@pytest.mark.parametrize("experiment", PAPER_SCALE)
+def test_paper_scale_experiment_dry_runs_one_line_per_job(experiment):
+    # one launch or seed (a command-line value replaces the file's): every cell, fewer jobs;
+    # tests/test_paper_experiments.py plans every job
+    repeats = [f"{key}=0" for key in REPEATS if key in sweep_params(experiment)]
+    args = ["-m", f"+experiment={experiment}", *repeats]
+    result = dry_run(*args)
     pending = [k for k in PENDING_KEYS if k.split(".")[-1] in result.stderr]
     if result.returncode == 2 and pending:
         pytest.skip(f"{pending[0]} is being added on another branch: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
-    assert " host" in result.stdout  # the plan names hosts and devices per role (1 host: Tunix)
+    jobs = sweep_jobs([*args, "dry_run=true"])
+    lines = [line for line in result.stdout.splitlines() if line.startswith("job ")]
+    assert len(jobs) > 1 and len(lines) == len(jobs)
+    assert all(" GiB " in line and " wave" in line for line in lines), lines[:3]
+
+
+def test_the_cpu_co_vs_da_dry_run_plans_every_arm():
+    result = dry_run("-m", "+experiment=co_vs_da_cpu")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("job ")]
+    arms = {line.split(":")[0].split("+arm=")[1].split()[0] for line in lines}
+    assert {"co_optimized", "da_25", "da_50", "da_75"} <= arms
+    assert all("fits" in line and "micro-batch" in line for line in lines)

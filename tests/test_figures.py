@@ -139,3 +139,37 @@ def test_a_run_with_hosts_left_to_the_placement_counts_the_chips_it_ran_on(tmp_p
     write_run(tmp_path / "da", noisy(2.0, steps=4), hosts=None, **da)
     assert read_run(tmp_path / "co").group == "co, 4 chips"
     assert read_run(tmp_path / "da").group == "da, 8 chips"
+
+
+def test_figure_4s_ratio_is_compares_geometric_mean_over_launches(tmp_path):
+    # Pathways launches of 2 s and 8 s against LoCoJAX's 1 s: App. A's geometric mean is 4.00x
+    # (the ratio of the arithmetic cell means would be 5.00x), as `compare` reports it
+    from locoexp.analysis.figures import by_chips  # noqa: PLC0415
+
+    for launch, median in enumerate((2.0, 8.0)):
+        write_run(
+            tmp_path / f"pw-{launch}",
+            noisy(median, spread=0.0),
+            placement="single_controller",
+            levers=False,
+            launch=launch,
+        )
+        write_run(tmp_path / f"co-{launch}", noisy(1.0, spread=0.0), launch=launch)
+    fig = by_chips(find_runs([tmp_path]), steady=None, arms=None, title="Figure 4")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    labels = {ax.get_xlabel() for ax in fig.axes}
+    plt.close(fig)
+    assert "4.00x" in texts, texts
+    assert labels == {"chips"}  # TPU chips; a hardware=cpu run counts CPU hosts
+
+
+def test_cpu_runs_are_counted_in_hosts_not_chips(tmp_path):
+    from locoexp.analysis.figures import by_chips  # noqa: PLC0415
+
+    config = {"hardware": {"chip": "cpu", "hosts": 2, "chips_per_host": 1}}
+    write_run(tmp_path / "co", noisy(1.0), config=config)
+    runs = find_runs([tmp_path])
+    assert runs[0].label.endswith("CPU hosts")
+    fig = by_chips(runs, steady=None, arms=None, title="Figure 4")
+    assert {ax.get_xlabel() for ax in fig.axes} == {"CPU hosts"}
+    plt.close(fig)

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 COMMON = [
     "logger=none", "seed=0", f"steps={STEPS}", "eval_every_steps=0", "checkpoint_every_steps=0",
-    "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4", "dataset.synthetic.eval_size=8",
+    "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4",
+    "dataset.synthetic.held_out_size=8",
     "adapter=lora", "adapter.rank=8", "adapter.alpha=16", "algo.learning_rate=3e-2",
     "algo.kl_coef=0.05",
 ]  # fmt: skip

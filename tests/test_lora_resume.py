@@ -15,7 +15,8 @@ from locoexp.metrics.run_records import read_metrics_jsonl
 pytestmark = pytest.mark.slow
 COMMON = [
     "logger=none", "seed=0", "eval_every_steps=0", "checkpoint_every_steps=1",
-    "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4", "dataset.synthetic.eval_size=8",
+    "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4",
+    "dataset.synthetic.held_out_size=8",
     "adapter=lora", "adapter.rank=8", "adapter.alpha=16", "algo.learning_rate=3e-2",
 ]  # fmt: skip
 

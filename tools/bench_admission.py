@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from locoexp.analysis.accounting import fit_admission
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.schedule import PromptSchedule
@@ -110,9 +111,9 @@ class CoHosts:
 
 
 def fit_eq3(requests: list[int], seconds: list[float]) -> dict[str, float]:
-    """Least-squares alpha0 + alpha1 * n (App. C Eq. 3) over (n, d_adm) pairs."""
-    alpha1, alpha0 = np.polyfit(np.asarray(requests, float), np.asarray(seconds, float), 1)
-    return {"alpha0_ms": float(alpha0 * 1e3), "alpha1_us_per_request": float(alpha1 * 1e6)}
+    """App. C Eq. 3's alpha0 + alpha1 * n (`accounting.fit_admission`), in ms and us."""
+    alpha0, alpha1 = fit_admission(requests, seconds)
+    return {"alpha0_ms": alpha0 * 1e3, "alpha1_us_per_request": alpha1 * 1e6}
 
 
 def measure(steps: int, host_counts: list[int], pretokenized: bool) -> dict:

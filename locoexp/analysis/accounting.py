@@ -58,6 +58,13 @@ def admission_s(*, alpha0: float, alpha1: float, requests: Sequence[int]) -> flo
     return max(alpha0 + alpha1 * n for n in requests)
 
 
+def fit_admission(requests: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """Eq. 3's alpha0 (s) and alpha1 (s per request) of one stack: least squares of d_adm
+    against the requests one process admits, over measured (n, d_adm) pairs."""
+    alpha1, alpha0 = np.polyfit(np.asarray(requests, float), np.asarray(seconds, float), 1)
+    return float(alpha0), float(alpha1)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eq4Terms:
     """Eq. 4's terms (seconds). DR/DT: rollout and training time; dpub: publication; dL: rollout

@@ -78,6 +78,28 @@ def add_accounting(commands) -> None:
         help="trade-off 2: admission on one process against per host",
     )
     p.add_argument(
+        "--admission",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="STACK ALPHA0 ALPHA1 N",
+        help="Eq. 3 for one stack (repeat per stack): its alpha0 (s), alpha1 (s per request) "
+        "and the requests each admitting process takes (one count: a single controller)",
+    )
+    p.add_argument(
+        "--lambda-co",
+        type=float,
+        help="the co step (s): Eq. 4 then predicts the da step and the DA/CO ratio",
+    )
+    p.add_argument(
+        "--out-of-fit",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="CELL",
+        help="E.1: cells (0-based) left out of the Delta fit (Figure 8's hollow points)",
+    )
+    p.add_argument(
         "--decode-premium",
         nargs=3,
         type=float,
@@ -121,13 +143,47 @@ def run_accounting(args) -> dict:
         if missing:
             raise ConfigError(f"Eq. 4 needs --{missing[0]}: O and F are both required.")
         result["eq4"] = _eq4(args.o, args.a or 0.0, args.f, args.dl or 0.0, args.tau or 0.0)
+    if args.lambda_co is not None and "eq4" in result:
+        lambda_da = args.lambda_co - result["eq4"]["da_saves_s"]
+        result["eq4"]["predicted"] = {
+            "lambda_co": args.lambda_co,
+            "lambda_da": lambda_da,
+            "da_over_co": lambda_da / args.lambda_co,
+        }
     _tradeoffs(args, result)
+    if args.admission:
+        result["eq3"] = [_admission(values) for values in args.admission]
     if not result:
         raise ConfigError(
             "accounting needs terms: --co/--da runs, --o/--f, --eq2, --eq3, "
             "--decode-premium, --ratio-model or --recommend."
         )
     return result
+
+
+def _admission(values: list[str]) -> dict:
+    """Eq. 3 for one stack: STACK ALPHA0 ALPHA1 N [N ...] (requests per admitting process)."""
+    if len(values) < 4:
+        raise ConfigError(
+            "--admission needs STACK ALPHA0 ALPHA1 and at least one request count, e.g. "
+            "--admission pathways 0.0 0.0005 2048."
+        )
+    try:
+        alpha0, alpha1 = float(values[1]), float(values[2])
+        requests = [int(n) for n in values[3:]]
+    except ValueError:
+        raise ConfigError(
+            f"--admission {' '.join(values)}: ALPHA0 and ALPHA1 are seconds, the request "
+            "counts whole numbers."
+        ) from None
+    seconds = accounting.admission_s(alpha0=alpha0, alpha1=alpha1, requests=requests)
+    return {
+        "stack": values[0],
+        "alpha0": alpha0,
+        "alpha1": alpha1,
+        "requests": requests,
+        "admission_s": seconds,
+    }
 
 
 def _eq4(o, a, f, dl, tau) -> dict:
@@ -169,9 +225,14 @@ def _tradeoffs(args, result: dict) -> None:
             raise ConfigError(
                 "--ratio-model needs --t-pw and --t-loco of equal length, >= 3 cells."
             )
-        result["ratio_model"] = dataclasses.asdict(
-            accounting.fit_ratio_model(args.t_pw, args.t_loco)
-        )
+        cells = len(args.t_pw)
+        if any(not 0 <= i < cells for i in args.out_of_fit):
+            raise ConfigError(f"--out-of-fit takes cell numbers 0-{cells - 1}.")
+        in_fit = [i not in args.out_of_fit for i in range(cells)]
+        result["ratio_model"] = {
+            **dataclasses.asdict(accounting.fit_ratio_model(args.t_pw, args.t_loco, in_fit=in_fit)),
+            "out_of_fit": list(args.out_of_fit),
+        }
 
 
 def format_accounting(result: dict) -> str:
@@ -187,6 +248,12 @@ def format_accounting(result: dict) -> str:
             ("Eq. 4" if periods["shortcut_applies"] else "Eq. 4 shortcut (not applicable here)")
             + f": O + A = {e['O + A']:.3f} s against F + dL + tau = {e['F + dL + tau']:.3f} s: "
             f"favours {e['favours']} (da saves {e['da_saves_s']:+.3f} s per step)"
+        )
+    if "predicted" in result.get("eq4", {}):
+        p = result["eq4"]["predicted"]
+        lines.append(
+            f"predicted: lambda_co {p['lambda_co']:.3f} s, lambda_DA {p['lambda_da']:.3f} s, "
+            f"DA/CO {p['da_over_co']:.3f}"
         )
     if "eq4_periods" in result:
         p = result["eq4_periods"]
@@ -210,6 +277,12 @@ def format_accounting(result: dict) -> str:
         lines.append(
             f"trade-off 2 (Eq. 3): host-local admission saves {t['host_local_saves_s']:.2f} s"
         )
+    for stack in result.get("eq3", []):
+        lines.append(
+            f"Eq. 3 ({stack['stack']}): alpha0 {stack['alpha0']:g} s + alpha1 "
+            f"{stack['alpha1']:g} s x max {max(stack['requests'])} requests = "
+            f"{stack['admission_s']:.3f} s"
+        )
     if "tradeoff3" in result:
         t = result["tradeoff3"]
         lines.append(
@@ -224,6 +297,11 @@ def format_accounting(result: dict) -> str:
             + "; R from the others' Delta "
             + ", ".join(f"{p:.2f}" for p in r["loo_predictions"])
             + f"; free fit a = {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]"
+            + (
+                f"; out of the fit: cells {', '.join(map(str, r['out_of_fit']))}"
+                if r["out_of_fit"]
+                else ""
+            )
         )
     return "\n".join(lines)
 

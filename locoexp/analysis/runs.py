@@ -97,8 +97,13 @@ class Run:
         return f"{name} (D={width})" if name in ("tiny", "tiny_qwen") and width else str(name)
 
     @property
+    def unit(self) -> str:
+        """What the chip count counts: TPU chips, or local host processes of hardware=cpu."""
+        return "CPU hosts" if self.get("hardware.chip") == "cpu" else "chips"
+
+    @property
     def label(self) -> str:
-        return f"{self.workload} | {self.arm} | {self.chips} chips"
+        return f"{self.workload} | {self.arm} | {self.chips} {self.unit}"
 
 
 def read(run_dir: Path) -> Run:

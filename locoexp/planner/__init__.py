@@ -7,7 +7,13 @@ Modules: `estimate` (bytes by term), `plan` (roles on hardware, the fit of one c
 (resolution and refusal), `report` (the dry-run text). Nothing here allocates.
 """
 
-from locoexp.planner.fit import check_fit, check_tensor_parallel, resolve_plan
+from locoexp.planner.fit import (
+    check_fit,
+    check_tensor_parallel,
+    paper_layout,
+    resolve_plan,
+    resolved_micro_batch_rows,
+)
 from locoexp.planner.plan import Plan, Setup
 from locoexp.planner.report import describe_plan
 
@@ -17,5 +23,7 @@ __all__ = [
     "check_fit",
     "check_tensor_parallel",
     "describe_plan",
+    "paper_layout",
     "resolve_plan",
+    "resolved_micro_batch_rows",
 ]

@@ -16,6 +16,7 @@ from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.placement.layout import build_layout
 from locoexp.planner.estimate import GIB
+from locoexp.planner.paper import paper_workaround
 from locoexp.planner.plan import (
     Plan,
     Setup,
@@ -24,7 +25,7 @@ from locoexp.planner.plan import (
     fits,
     shared_memory,
 )
-from locoexp.trainer.config import AttentionKind, RematPolicy
+from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
 
 # hardware=cpu: a micro-batch stops growing once its activations would pass this. On a CPU a
 # micro-batch of a few thousand tokens already runs its matmuls at full rate, while every further
@@ -99,7 +100,9 @@ def resolve_plan(setup: Setup) -> Plan:
         per_replica = -(-min(fixed, requests) // setup.replicas)
     rows = build_plan(setup, micro=1, per_replica=1).trainer_shape.rows
     micro = setup.trainer.micro_batch_rows
-    if not micro:
+    if not setup.trainer.accumulate:  # the paper's layout: every row in one pass
+        micro = rows
+    elif not micro:
         start = per_replica if fixed else 1
         candidates = [1 << k for k in range(rows.bit_length() - 1, -1, -1)]  # rows is 2^k
         plans = (build_plan(setup, micro=m, per_replica=start) for m in candidates)
@@ -118,6 +121,19 @@ def resolve_plan(setup: Setup) -> Plan:
     return build_plan(setup, micro=micro, per_replica=per_replica)
 
 
+def resolved_micro_batch_rows(trainer: TrainerConfig, plan: Plan) -> int:
+    """What `trainer.micro_batch_rows` becomes once planned: the plan's rows per micro-batch,
+    or 0 (every row in one pass) under the paper's layout (`trainer.accumulate=false`)."""
+    return plan.trainer_shape.micro_batch_rows if trainer.accumulate else 0
+
+
+def paper_layout(setup: Setup, *, remat: RematPolicy | None = None) -> Setup:
+    """`setup` under the paper's trainer layout: no gradient accumulation, one pass over the
+    per-device batch (Section 4.2); with `remat`, under that policy too."""
+    trainer = {"accumulate": False, "micro_batch_rows": 0, "remat": remat or setup.trainer.remat}
+    return _replace(setup, {"trainer": trainer})
+
+
 def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.1f}"
 
@@ -128,6 +144,8 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
     t, m, r = setup.trainer, setup.model, setup.rollout
     trainer, engine = role in ("trainer", "machine"), role in ("engine", "machine")
     out = []
+    if trainer and not t.accumulate:  # locoexp's own layout: accumulate over micro-batches
+        out.append(("trainer.accumulate=true", {"trainer": {"accumulate": True}}))
     if trainer and t.micro_batch_rows:
         out.append(("trainer.micro_batch_rows=0", {"trainer": {"micro_batch_rows": 0}}))
     if engine and r.capacity:
@@ -259,6 +277,8 @@ def check_fit(setup: Setup) -> Plan:
             "no single setting here makes it fit: lower dataset.max_prompt_tokens and "
             "dataset.max_new_tokens, or use a larger hardware slice"
         )
+    paper = paper_workaround(setup.model.name, setup.rollout.tensor_parallel, setup.hardware.chips)
+    advice += f"; the paper's own workaround: {paper}" if paper else ""
     raise ConfigError(f"does not fit: {_shortfall(setup, plan, role)}; {advice}.")
 
 

@@ -6,7 +6,7 @@ It formats; it never resolves or refuses (that is `locoexp.planner.fit`).
 from locoexp.errors import ConfigError
 from locoexp.model.config import RematPolicy
 from locoexp.planner.estimate import GIB, TrainerShape
-from locoexp.planner.fit import check_fit, parameters_b, resolve_plan
+from locoexp.planner.fit import check_fit, paper_layout, parameters_b, resolve_plan
 from locoexp.planner.plan import (
     OBJECT_STORE_VERSIONS,
     Plan,
@@ -139,13 +139,46 @@ def _hardware_line(setup: Setup, hosts_note: str) -> str:
     )
 
 
+def accumulation_note(setup: Setup, plan: Plan) -> str:
+    """Empty unless a LoCoJAX plan fits only by accumulating gradients over micro-batches,
+    which the paper's trainer does not (Section 4.2); then what the paper's layout would need."""
+    # LoCoJAX's trainer (co, da); the single controller's (MaxText on Pathways) ran SWE at 8
+    # chips where LoCoJAX's did not fit (Table 3)
+    lockstep = setup.layout.hosts_per_engine > 1
+    if lockstep or not setup.trainer.accumulate or plan.trainer_shape.micro_batches == 1:
+        return ""
+    # the least the layout needs: also with each block rematerialised (the paper's trainer's
+    # remat policy is not stated), a figure to set beside Table 3's 157.6 GiB
+    layouts = [paper_layout(setup), paper_layout(setup, remat=RematPolicy.block)]
+    needs = [(_need(resolve_plan(s), setup), s.trainer.remat) for s in layouts]
+    need, remat = min(needs, key=lambda pair: pair[0])
+    if need <= capacity_bytes(setup.hardware):
+        return ""
+    per = "for all local processes" if shared_memory(setup.hardware) else "per device"
+    return (
+        f"fits with gradient accumulation ({_n(plan.trainer_shape.micro_batches, 'micro-batch')}"
+        f"); the paper's layout (trainer.accumulate=false) needs {_gib(need)} GiB {per} of "
+        f"{_gib(capacity_bytes(setup.hardware))} even with trainer.remat={remat.value}"
+    )
+
+
+def _need(plan: Plan, setup: Setup) -> int:
+    return plan.machine_total if shared_memory(setup.hardware) else plan.trainer_peak
+
+
+def verdict_of(setup: Setup) -> str:
+    """One sentence: fits, fits with gradient accumulation (and what the paper's layout
+    would need), or the refusal."""
+    try:
+        plan = check_fit(setup)
+    except ConfigError as error:
+        return str(error)
+    return accumulation_note(setup, plan) or "fits"
+
+
 def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
     """The dry-run report; its last line is the verdict ("fits" or the refusal)."""
-    try:
-        check_fit(setup)
-        verdict = "fits"
-    except ConfigError as error:
-        verdict = str(error)
+    verdict = verdict_of(setup)
     if setup.model.num_heads % setup.rollout.tensor_parallel:
         return f"model {setup.model.name}: {verdict}"
     plan = resolve_plan(setup)
@@ -163,3 +196,24 @@ def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
         )
     placement = "colocated" if setup.layout.colocated else "disaggregated"
     return "\n".join([*lines, f"placement: {placement}; {verdict}"])
+
+
+def summarize_plan(setup: Setup) -> str:
+    """One line of a sweep's dry run: the verdict (why, in GiB per device of what, when it
+    does not fit), each role's GiB per device, micro-batches and decode waves."""
+    verdict = verdict_of(setup)
+    if setup.model.num_heads % setup.rollout.tensor_parallel:
+        return verdict
+    plan = resolve_plan(setup)
+    if shared_memory(setup.hardware):
+        memory = f"{_gib(plan.machine_total)} GiB for all local processes"
+    else:
+        memory = (
+            f"trainer {_gib(plan.trainer_peak)}, engine {_gib(plan.engine_peak)} GiB per device"
+        )
+    return (
+        f"{verdict} | {memory} of {_gib(capacity_bytes(setup.hardware))}; "
+        f"{_n(plan.trainer_shape.micro_batches, 'micro-batch')} of "
+        f"{_n(plan.trainer_shape.micro_batch_rows, 'row')}; {_n(plan.waves, 'wave')} of "
+        f"{plan.capacity} per engine"
+    )

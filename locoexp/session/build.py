@@ -14,7 +14,7 @@ from locoexp.model.config import DType
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.layout import Layout, build_layout
 from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
-from locoexp.planner import Setup, check_fit
+from locoexp.planner import Setup, check_fit, resolved_micro_batch_rows
 from locoexp.planner.estimate import publication_bytes
 from locoexp.planner.plan import object_store_bytes, trainer_row_tokens
 from locoexp.rollout.config import SamplingParams
@@ -71,7 +71,7 @@ def build_spec(config: Config) -> RunSpec:
     resolved = check_fit(setup)
     layout, c = setup.layout, config
     trainer = dataclasses.replace(
-        c.trainer, micro_batch_rows=resolved.trainer_shape.micro_batch_rows
+        c.trainer, micro_batch_rows=resolved_micro_batch_rows(c.trainer, resolved)
     )
     rollout = dataclasses.replace(c.rollout, capacity=resolved.capacity)
     halves = HalvesSpec(

@@ -58,6 +58,12 @@ class TrainerConfig:
     # shared CPU machine within 1 GiB of activations per micro-batch (planner/fit.py); a
     # Trainer built directly with 0 runs all rows at once.
     micro_batch_rows: int = 0
+    # Gradient accumulation over micro-batches (locoexp's default). false is the paper's trainer
+    # layout: one forward/backward pass and one optimizer update over the whole per-device batch
+    # (Section 4.2: "our trainer does not accumulate gradients", so the whole packed batch must
+    # fit at once; Table 3: SWE at 8 chips does not fit). The plan then sizes one micro-batch of
+    # every row, and the dry run of a default run says when a cell fits only by accumulating.
+    accumulate: bool = True
 
     def __post_init__(self):
         require(
@@ -77,6 +83,12 @@ class TrainerConfig:
             self.micro_batch_rows >= 0,
             f"trainer.micro_batch_rows={self.micro_batch_rows} must be >= 0 "
             "(0 = the most that fit).",
+        )
+        require(
+            self.accumulate or self.micro_batch_rows == 0,
+            f"trainer.micro_batch_rows={self.micro_batch_rows} needs trainer.accumulate=true: "
+            "trainer.accumulate=false (the paper's layout) trains every row in one pass; set "
+            "trainer.micro_batch_rows=0.",
         )
 
 
