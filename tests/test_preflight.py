@@ -401,7 +401,7 @@ CONFIG_REFUSALS = {
     "greedy training": (["rollout.temperature=0"], "rollout.temperature=0.0"),
     "unknown key": (
         ["unknown_key=1"],
-        "'unknown_key' is not a config key; the valid keys of the root are algo,",
+        "'unknown_key' is not a config key; the valid keys of the root are adapter, algo,",
     ),
 }
 
