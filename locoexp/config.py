@@ -181,7 +181,11 @@ class Config:
         - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
           group; refused on a TPU slice under co and single_controller, whose coordinator the
           cluster names.
-        - `placement.ray_address`, `placement.rollout_restarts`, `placement.max_staleness`: da
+        - `hardware.coordinator_address`, `hardware.process_id`: co (one process per host, the
+          hosts started by a cluster); refused under single_controller (one process) and da
+          (its trainer group meets through Ray).
+        - `placement.ray_address`, `placement.rollout_restarts`,
+          `placement.rollout_restart_timeout_s`, `placement.max_staleness`: da
           only (their defaults elsewhere; co and single_controller are on-policy).
         - `rollout.release_weights_during_training`: co, single_controller (the engine shares
           the trainer's devices); refused under da."""
@@ -202,6 +206,16 @@ class Config:
             "coordinator: set it to 0.",
         )
         require(
+            self.hardware.coordinator_address is None or kind is PlacementKind.co,
+            f"hardware.coordinator_address={self.hardware.coordinator_address} applies to "
+            f"placement=co, one process per host; placement={kind.value} "
+            + (
+                "runs one process: unset it."
+                if kind is PlacementKind.single_controller
+                else "forms its trainer group through Ray: unset it and give placement.ray_address."
+            ),
+        )
+        require(
             self.placement.ray_address is None or kind is PlacementKind.da,
             f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
         )
@@ -215,6 +229,11 @@ class Config:
             self.placement.rollout_restarts >= 0,
             f"placement.rollout_restarts={self.placement.rollout_restarts} must be >= 0 (0: a "
             "dead rollout host ends the run).",
+        )
+        require(
+            self.placement.rollout_restart_timeout_s > 0,
+            f"placement.rollout_restart_timeout_s={self.placement.rollout_restart_timeout_s} "
+            "must be > 0 (seconds the driver waits for Ray to restart a lost rollout host).",
         )
         require(
             not (kind is PlacementKind.da and self.rollout.release_weights_during_training),

@@ -4,8 +4,9 @@ check -> spec -> launch -> session. Everything that can refuse a run (memory fit
 placement) is checked when the spec is built (`locoexp.session.build.build_spec`), before
 anything is allocated or written; the task's own refusals (files, vocabulary, schedule) come
 before the first step. With `hardware=cpu` and more than one host (or device per host) the run
-continues in spawned local processes (`locoexp.placement.launch`); on a TPU slice every host
-runs this same function; under `da` this process is the Ray driver. Every placement then runs
+continues in spawned local processes (`locoexp.placement.launch`); on a TPU slice (or CPU
+machines whose hosts a cluster starts, `hardware.coordinator_address`) every host runs this same
+function; under `da` this process is the Ray driver. Every placement then runs
 the same lifecycle (`locoexp.session.lifecycle.run_session`).
 """
 
@@ -18,7 +19,11 @@ from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped
 from locoexp.config import Config
 from locoexp.metrics.run_output import RunFiles
 from locoexp.placement.config import PlacementKind
-from locoexp.placement.launch import initialize_distributed, launch_local_processes
+from locoexp.placement.launch import (
+    configure_cpu_devices,
+    initialize_distributed,
+    launch_local_processes,
+)
 from locoexp.preflight import plan
 from locoexp.session.build import build_spec
 from locoexp.session.lifecycle import run_session
@@ -49,7 +54,8 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
     if layout.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
         return run_session(spec, files)
     processes, devices = layout.processes, layout.devices_per_process
-    if layout.cpu and (processes > 1 or devices > 1):
+    local = layout.cpu and layout.process_id is None  # not one host of a cluster-started group
+    if local and (processes > 1 or devices > 1):
         code = launch_local_processes(
             run_session,
             (spec, files),
@@ -63,11 +69,13 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
         if code != 0:
             raise SystemExit(code)
         return json.loads((Path(files.run_dir) / "summary.json").read_text())
-    if not layout.cpu and processes > 1:
+    if processes > 1:  # one host of a TPU slice, or of CPU machines a cluster started
+        if layout.cpu:
+            configure_cpu_devices(devices)
         initialize_distributed(
-            coordinator=None,
+            coordinator=layout.coordinator_address,
             num_processes=processes,
-            process_id=None,
+            process_id=layout.process_id,
             bind_address=layout.bind_address,
         )
     return run_session(spec, files)

@@ -124,6 +124,27 @@ def test_a_coordinator_port_the_cluster_would_ignore_is_refused():
     assert compose_config(["hardware.coordinator_port=1234"]).hardware.coordinator_port == 1234
 
 
+def test_a_cluster_started_co_host_names_its_coordinator_and_index_or_is_refused():
+    host = ["hardware.hosts=2", "hardware.coordinator_address=10.0.0.1:8476"]
+    config = compose_config([*host, "hardware.process_id=1"])
+    assert config.hardware.cluster_launched and config.hardware.process_id == 1
+    assert config.hardware.listen_address(multi_machine=False) is None  # it spans machines
+    refused = {
+        "go together": host,
+        "must be in \\[0, hardware.hosts\\)": [*host, "hardware.process_id=2"],
+        "must be host 0's address and port": [
+            "hardware.hosts=2",
+            "hardware.coordinator_address=10.0.0.1",
+            "hardware.process_id=0",
+        ],
+        "applies to placement=co": [*host, "hardware.process_id=0", "placement=da", "split=0.5"],
+        "names the port": [*host, "hardware.process_id=0", "hardware.coordinator_port=9"],
+    }
+    for message, overrides in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            compose_config(overrides)
+
+
 def test_appended_unknown_key_is_refused_before_the_run():
     with pytest.raises(Exception, match="nonexistent_key"):
         preflight(["+nonexistent_key=1"])

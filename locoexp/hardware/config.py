@@ -40,6 +40,14 @@ class HardwareConfig:
     # hosts reach each other over the network. Multi-machine runs name their cluster-network
     # address here (README, "Security").
     bind_address: str | None = None
+    # A run whose host processes a cluster starts, every machine running the same command (how a
+    # TPU slice launches; with hardware=cpu, CPU machines joined the same way): host 0's
+    # `address:port`, where the group's jax.distributed coordinator listens, and this process's
+    # host index in [0, hosts) (the one value that differs per machine, e.g.
+    # `hardware.process_id='${oc.env:RANK}'`). None: on a TPU slice JAX reads both from the
+    # slice's environment; with hardware=cpu the launcher starts every host on this machine.
+    coordinator_address: str | None = None
+    process_id: int | None = None
 
     @property
     def devices_per_host(self) -> int:
@@ -62,7 +70,8 @@ class HardwareConfig:
         """`bind_address`, or its default: loopback unless the run spans machines."""
         if self.bind_address is not None:
             return self.bind_address
-        return None if multi_machine or self.chip is not ChipKind.cpu else LOOPBACK
+        spans = multi_machine or self.cluster_launched or self.chip is not ChipKind.cpu
+        return None if spans else LOOPBACK
 
     def __post_init__(self):
         for key in ("hosts", "chips_per_host", "devices_per_chip"):
@@ -98,3 +107,36 @@ class HardwareConfig:
             0 <= self.coordinator_port < 65536,
             f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].",
         )
+        self._check_cluster_launch()
+
+    def _check_cluster_launch(self) -> None:
+        """`coordinator_address` and `process_id` name one host of a cluster-started group."""
+        address, index = self.coordinator_address, self.process_id
+        require(
+            (address is None) == (index is None),
+            f"hardware.coordinator_address={address} and hardware.process_id={index} go "
+            "together: set both (a host of a cluster-started run) or neither.",
+        )
+        if address is None:
+            return
+        host, _, port = address.rpartition(":")
+        require(
+            bool(host) and port.isdigit() and 0 < int(port) < 65536,
+            f"hardware.coordinator_address={address} must be host 0's address and port, such "
+            "as 10.0.0.1:8476 ([fd00::1]:8476 for IPv6).",
+        )
+        require(
+            self.hosts is not None and 0 <= index < self.hosts,
+            f"hardware.process_id={index} must be in [0, hardware.hosts) with hardware.hosts set "
+            f"(hardware.hosts={self.hosts}).",
+        )
+        require(
+            self.coordinator_port == 0,
+            f"hardware.coordinator_port={self.coordinator_port} does not apply with "
+            f"hardware.coordinator_address={address}, which names the port: set it to 0.",
+        )
+
+    @property
+    def cluster_launched(self) -> bool:
+        """This process is one host of a group that a cluster starts (not the local launcher)."""
+        return self.coordinator_address is not None

@@ -18,6 +18,10 @@ class PlacementConfig:
     # `max_restarts`); the driver then regenerates the lost batch. A host that dies once more
     # ends the run. Trainer hosts are never restarted (their state is the checkpoint's).
     rollout_restarts: int = 3
+    # placement=da: how long the driver waits for Ray to restart a rollout host (its actor's
+    # `__init__` included) before the run stops with one sentence: a host whose node was lost
+    # restarts on another node with a free CPU, and where none has one it would wait forever.
+    rollout_restart_timeout_s: float = 600.0
     # placement=da: the staleness bound s (Eq. 4's "one-step-stale schedule"; the paper's is 1).
     # Batch t may be sampled with the weights of any update >= t - s, so each rollout host starts
     # its share of batch t as soon as its share of t-1 is done and those weights are published,

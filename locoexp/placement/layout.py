@@ -34,10 +34,16 @@ class Layout:
     # interface every listening socket binds to (None: all; loopback for a local run).
     coordinator_port: int = 0
     bind_address: str | None = None
+    # co whose hosts a cluster starts (hardware.coordinator_address): host 0's address:port and
+    # this process's host index (None: the local launcher starts every host, or a TPU slice's
+    # environment names both)
+    coordinator_address: str | None = None
+    process_id: int | None = None
     # da only: the Ray cluster (None: a local one), each rollout host's restart budget, and the
     # local cluster's object store (planner.plan.object_store_bytes; None: Ray's default)
     ray_address: str | None = None
     rollout_restarts: int = 0
+    rollout_restart_timeout_s: float = 600.0
     object_store_bytes: int | None = None
 
     def __post_init__(self):

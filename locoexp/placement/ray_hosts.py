@@ -38,10 +38,14 @@ import numpy as np
 import ray
 from flax import nnx
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.errors import ConfigError
 from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.model.config import ModelConfig
@@ -121,12 +125,13 @@ class TrainerHost(_Actor):
         freeze: bool,
         bind_address: str | None,
     ) -> int:
-        """Join the group and build the trainer half on its devices; returns the device count."""
+        """Join the group and build the trainer half on its devices; returns the device count.
+        `bind_address` None: this node's address (a joined cluster: each node its own)."""
         initialize_distributed(
             coordinator=coordinator if self.hosts > 1 else None,
             num_processes=self.hosts,
             process_id=self.index,
-            bind_address=bind_address,
+            bind_address=bind_address or ray.util.get_node_ip_address(),
         )
         self.timer, self.freeze_after_warmup = StepTimer(), freeze
         self.half = build(group=HostGroup.current(), timer=self.timer)
@@ -235,21 +240,20 @@ def start_hosts(
     build_trainer: Callable[..., TrainerHalf],
     freeze: bool,
 ) -> None:
-    """One actor per host in one placement group (one bundle per host; spread over nodes when
-    joining a real cluster); the trainer group joins on trainer 0's coordinator."""
-    count = layout.trainer_hosts + layout.rollout_hosts
-    strategy = "PACK" if layout.ray_address is None else "STRICT_SPREAD"
-    hosts.group = placement_group([{"CPU": 1}] * count, strategy=strategy)
-    ray.get(hosts.group.ready())
+    """One actor per host (`host_places`); the trainer group joins on trainer 0's coordinator,
+    which listens on `hardware.bind_address` in a local cluster, on its node's address in a
+    joined one (each actor binds to its own node's address: `ray start --node-ip-address`)."""
+    places = host_places(hosts, layout)
     env = {}
     if layout.cpu:
         flag = f"--xla_force_host_platform_device_count={layout.devices_per_host}"
         env = {"XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
 
-    def options(bundle: int, **restarts) -> dict:
-        where = PlacementGroupSchedulingStrategy(hosts.group, placement_group_bundle_index=bundle)
+    def options(host: int, **restarts) -> dict:
         runtime_env = {"env_vars": env}
-        return dict(num_cpus=1, runtime_env=runtime_env, scheduling_strategy=where, **restarts)
+        return dict(
+            num_cpus=1, runtime_env=runtime_env, scheduling_strategy=places[host], **restarts
+        )
 
     trainer_cls, rollout_cls = ray.remote(TrainerHost), ray.remote(RolloutHost)
     for i in range(layout.trainer_hosts):
@@ -259,15 +263,42 @@ def start_hosts(
     for i in range(layout.rollout_hosts):
         hosts.rollouts.append(
             rollout_cls.options(
-                # Ray reschedules a restarted actor in its placement-group bundle
                 **options(layout.trainer_hosts + i, max_restarts=layout.rollout_restarts)
             ).remote(build_rollout, index=i, hosts=layout.rollout_hosts, freeze=freeze)
         )
     port = layout.coordinator_port
-    bind = layout.bind_address
+    bind = layout.bind_address if layout.ray_address is None else None
     coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(port, bind))
     joined = [
         t.join.remote(coordinator, build_trainer, freeze=freeze, bind_address=bind)
         for t in hosts.trainers
     ]
     ray.get(joined + [r.__ray_ready__.remote() for r in hosts.rollouts])
+
+
+def host_places(hosts: Hosts, layout: Layout) -> list:
+    """Where each host's actor runs, trainers first. A local cluster: one placement-group bundle
+    per host (Ray restarts an actor in its bundle). A joined cluster (`placement.ray_address`):
+    one node per host, the trainer hosts on the driver's node first, then every node by address;
+    each actor prefers its node (soft affinity), so Ray restarts a rollout host whose node was
+    lost on any node with a free CPU (a trainer host is never restarted: its state is the
+    checkpoint's, and on the driver's node it shares the driver's fate)."""
+    count = layout.trainer_hosts + layout.rollout_hosts
+    if layout.ray_address is None:
+        hosts.group = placement_group([{"CPU": 1}] * count, strategy="PACK")
+        ray.get(hosts.group.ready())
+        return [
+            PlacementGroupSchedulingStrategy(hosts.group, placement_group_bundle_index=b)
+            for b in range(count)
+        ]
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
+    nodes.sort(key=lambda n: (n["NodeID"] != here, ipaddress.ip_address(n["NodeManagerAddress"])))
+    if len(nodes) < count:
+        raise ConfigError(
+            f"placement.ray_address={layout.ray_address} has {len(nodes)} live node(s) with a "
+            f"CPU, and placement=da places its {count} hosts (hardware.hosts) one per node: "
+            f"start {count - len(nodes)} more node(s) (`ray start --address=...`) or lower "
+            "hardware.hosts."
+        )
+    return [NodeAffinitySchedulingStrategy(n["NodeID"], soft=True) for n in nodes[:count]]

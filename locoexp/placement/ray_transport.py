@@ -82,6 +82,7 @@ class RayActors:
     ledger: BatchLedger
     run_dir: Path
     rollout_restarts: int  # placement.rollout_restarts: each rollout host's restart budget
+    restart_timeout_s: float  # placement.rollout_restart_timeout_s: the wait for one restart
     staleness: int  # placement.max_staleness: batches started ahead of the trainer
     # a resumed run's saved next batches, by step: trained without sampling them again
     restored: dict[int, list[RolloutBatch]] = dataclasses.field(default_factory=dict)
@@ -135,7 +136,7 @@ class RayActors:
                 return ray.get(pending.calls[host][0])
             except HOST_LOST as error:
                 if pending.incarnations[host] < self.restarted[host]:  # queued on a lost process
-                    wait_restarted(self.hosts.rollouts[host])
+                    self._wait_restarted(host, step=pending.step, what="batch")
                 else:
                     version = pending.published.version
                     self._await_restart(
@@ -148,8 +149,10 @@ class RayActors:
         """Wait until Ray restarted rollout host `host` (its `__init__` rebuilt the half; the next
         call loads the `Published` weights it is given) and record that it redoes step `step`'s
         `what` ("batch" or "evaluation"); a host past its restart budget ends the run."""
-        actor, hosts = self.hosts.rollouts[host], len(self.hosts.rollouts)
-        alive = self.restarted[host] < self.rollout_restarts and wait_restarted(actor)
+        hosts = len(self.hosts.rollouts)
+        alive = self.restarted[host] < self.rollout_restarts and self._wait_restarted(
+            host, step=step, what=what
+        )
         if not alive:
             raise RunFailed(
                 f"rollout host {host} of {hosts} (a ray::RolloutHost actor) died during step "
@@ -160,6 +163,20 @@ class RayActors:
             ) from None
         self.restarted[host] += 1
         self.ledger.record_restart(host=host, step=step, regenerated=what, weight_version=version)
+
+    def _wait_restarted(self, host: int, *, step: int, what: str) -> bool:
+        """`wait_restarted` for rollout host `host`, within `restart_timeout_s`; past it the
+        run ends with one sentence (no node took the host: its node was lost and no other has
+        a free CPU), never a wait without end."""
+        restarted = wait_restarted(self.hosts.rollouts[host], timeout_s=self.restart_timeout_s)
+        if restarted is None:
+            raise RunFailed(
+                f"rollout host {host} of {len(self.hosts.rollouts)} (a ray::RolloutHost actor) "
+                f"died during step {step}'s {what} and Ray did not restart it within "
+                f"placement.rollout_restart_timeout_s={self.restart_timeout_s:g} s (was its node "
+                "lost, with no free CPU on the others?); the run stopped: add a Ray node"
+            )
+        return restarted
 
     def start_train(self, step: int, batches: list, *, carried: dict | None) -> tuple[int, list]:
         # carried is None: O1 is refused under da (Config._check_placement_keys)
@@ -261,17 +278,24 @@ class RayActors:
 DRIVER = HostGroup(index=0, count=1)
 
 
-def wait_restarted(actor) -> bool:
-    """Block until Ray restarted `actor` (True) or gave up on it: its restarts are spent or its
-    `__init__` failed (False). Calls to a restarting actor fail at once (ActorUnavailableError)."""
-    while True:
+def wait_restarted(actor, *, timeout_s: float) -> bool | None:
+    """Wait until Ray restarted `actor` (True) or gave up on it: its restarts are spent or its
+    `__init__` failed (False); None when neither happened within `timeout_s` (Ray waits for a
+    node that can take it). Calls to a restarting actor fail at once (ActorUnavailableError)
+    or wait until it runs again."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        probe = actor.__ray_ready__.remote()
+        if not ray.wait([probe], timeout=left)[0]:
+            return None
         try:
-            ray.get(actor.__ray_ready__.remote())
+            ray.get(probe)
             return True
         except ray.exceptions.ActorUnavailableError:
             time.sleep(0.2)
         except ray.exceptions.RayActorError:
             return False
+    return None
 
 
 def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = False) -> str:
@@ -316,6 +340,7 @@ def ray_actors(
             ledger=ledger,
             run_dir=run_dir,
             rollout_restarts=layout.rollout_restarts,
+            restart_timeout_s=layout.rollout_restart_timeout_s,
             staleness=layout.staleness,
         )
     except ray.exceptions.RayError:

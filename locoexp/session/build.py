@@ -28,11 +28,14 @@ def build_layout_of(config: Config) -> Layout:
     meeting: dict[str, Any] = dict(
         coordinator_port=hw.coordinator_port,
         bind_address=hw.listen_address(multi_machine=multi_machine),
+        coordinator_address=hw.coordinator_address,
+        process_id=hw.process_id,
     )
     if placement.kind is PlacementKind.da:
         meeting |= dict(
             ray_address=placement.ray_address,
             rollout_restarts=placement.rollout_restarts,
+            rollout_restart_timeout_s=placement.rollout_restart_timeout_s,
             object_store_bytes=object_store_bytes(
                 publication_bytes(config.model, sampler_dtype(config))
             ),
@@ -94,7 +97,7 @@ def build_spec(config: Config) -> RunSpec:
             steps=c.steps,
             seed=c.seed,
             export_at=frozenset(c.eval_at_updates),
-            config_digest=config_digest(config_as_dict(c)),
+            config_digest=config_digest(run_identity(c)),
             preemption_sync=not layout.cpu and layout.kind is not PlacementKind.da,
         ),
         logger=c.logger,
@@ -146,6 +149,18 @@ def build_settings(config: Config, *, local_devices: int) -> StepSettings:
         seed=config.seed,
         straggler=config.rollout.straggler,
     )
+
+
+# Where a host of a cluster-started run listens and which host it is: they differ from machine
+# to machine of one run (and may change when it resumes elsewhere), not what the run trains.
+PER_HOST_KEYS = ("process_id", "bind_address")
+
+
+def run_identity(config: Config) -> dict[str, Any]:
+    """The resolved config that a resumed run must repeat: every host's the same."""
+    resolved = config_as_dict(config)
+    hardware = {k: v for k, v in resolved["hardware"].items() if k not in PER_HOST_KEYS}
+    return {**resolved, "hardware": hardware}
 
 
 def config_as_dict(config: Config) -> dict[str, Any]:
