@@ -18,6 +18,9 @@ Runs that survive (issue 13):
   weights are those after step t-1, not the newest), so the regenerated batch is the lost one
   (same prompts, sampling key and weights). The ledger records the restart; past the host's
   budget the run ends with one sentence (`RunFailed`). Evaluation is redone the same way.
+- A node lost whole (issue 31): its rollout hosts restart on another node with a free CPU
+  (`ray_hosts.host_places`) and are asked again as above; a restart that Ray cannot place within
+  `placement.rollout_restart_timeout_s` ends the run with one sentence, never a wait without end.
 - A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
   does not wait for its peers, which may be blocked in a collective with it.
 - Checkpoints: each trainer host saves and restores its shards; the driver adds the weight
