@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from locoexp.checkpoint.config import ResumeMode
@@ -140,9 +141,16 @@ class RunCheckpoints:
 
 
 def local_bytes(arrays: Any) -> int:
-    """Bytes this process writes for `arrays`: its addressable shards, one replica each."""
-    shards = (s for x in jax.tree.leaves(arrays) for s in x.addressable_shards)
-    return sum(s.data.nbytes for s in shards if s.replica_id == 0)
+    """Bytes this process writes for `arrays`: its addressable shards, one replica each (a
+    leaf that is not a jax.Array, e.g. a NumPy scalar, whole)."""
+    total = 0
+    for x in jax.tree.leaves(arrays):
+        shards = getattr(x, "addressable_shards", None)
+        if shards is None:
+            total += np.asarray(x).nbytes
+        else:
+            total += sum(s.data.nbytes for s in shards if s.replica_id == 0)
+    return total
 
 
 def _mib(size: int) -> str:
