@@ -64,6 +64,9 @@ def resume_command(run_dir: str) -> str:
 def resume_line(stopped, run_dir: str) -> str:
     """One line: where the run stopped and the command that resumes it."""
     command = resume_command(run_dir)
+    name = signal.Signals(stopped.signal_number).name
+    if stopped.next_step == 0:  # stopped before its first checkpoint
+        return f"stopped by {name} before the first checkpoint; start again with: {command}"
     return (
         f"stopped after {stopped.next_step} steps ({signal.Signals(stopped.signal_number).name}); "
         f"checkpoint in {run_dir}/checkpoints; resume with: {command}"

@@ -9,6 +9,7 @@ and turns Hydra's errors into one sentence. It never starts a run; jax loads onl
 
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -16,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from locoexp.config import Config, config_keys
@@ -25,8 +26,13 @@ from locoexp.errors import ConfigError
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
 # `+experiment=<name>` files; conf/config.yaml names them relative to the working directory
 # (run.py runs from the repository root), composition here from anywhere
-EXPERIMENTS = f"hydra.searchpath=[file://{CONFIG_DIR.parent / 'experiments'}]"
+EXPERIMENT_DIR = CONFIG_DIR.parent / "experiments"
+EXPERIMENTS = f"hydra.searchpath=[file://{EXPERIMENT_DIR}]"
 ConfigStore.instance().store(name="config_schema", node=Config)
+# Keys a group's option owns: a preset is named for them (a TPU slice's memory, hosts and device
+# count describe its chip), so a command line that sets one apart from the preset's own value
+# contradicts the preset and is refused rather than planned as a chimera.
+PRESET_KEYS = {"hardware": ("chip",)}
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -59,13 +65,45 @@ def compose_configs(jobs: list[list[str]]) -> list[Config]:
 
 def _compose_job(overrides: list[str], *, named: bool) -> Config:
     try:
-        return to_config(compose(config_name="config", overrides=[*overrides, EXPERIMENTS]))
+        cfg = compose(
+            config_name="config", overrides=[*overrides, EXPERIMENTS], return_hydra_config=True
+        )
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        _refuse_preset_contradictions(cfg, choices)
+        return to_config(cfg)
     except (ConfigError, OmegaConfBaseException, HydraException, ValueError) as error:
         message = str(error) if isinstance(error, ConfigError) else hydra_message(error)
         if not named and isinstance(error, ConfigError):
             raise
         job = f"job {' '.join(overrides)}: " if named else ""
         raise ConfigError(job + message) from error
+
+
+def _refuse_preset_contradictions(cfg: DictConfig, choices: dict[str, str]) -> None:
+    """A `PRESET_KEYS` key set (on the command line or in an experiment) apart from the value
+    of the option chosen for its group, e.g. `hardware=tpu_v7x_8 hardware.chip=cpu`."""
+    for group, keys in PRESET_KEYS.items():
+        option = choices.get(group)
+        files = [CONFIG_DIR / group / f"{option}.yaml", EXPERIMENT_DIR / group / f"{option}.yaml"]
+        preset = next((OmegaConf.load(f) for f in files if f.is_file()), {})
+        for key in keys:
+            own, value = preset.get(key), cfg[group].get(key)
+            value = getattr(value, "value", value)  # an enum key's member -> its yaml value
+            if own is not None and str(value) != str(own):
+                raise ConfigError(
+                    f"{group}.{key}={value} contradicts {group}={option}, whose {key} is {own}; "
+                    f"drop {group}.{key}=, or choose a {group} option made for {value} (one of "
+                    f"{', '.join(_options_with(group, key, value))})."
+                )
+
+
+def _options_with(group: str, key: str, value: object) -> list[str]:
+    """The options of `group` whose `key` is `value`."""
+    folders = (CONFIG_DIR / group, EXPERIMENT_DIR / group)
+    files = sorted(f for folder in folders for f in folder.glob("*.yaml"))
+    return [f"{group}={f.stem}" for f in files if str(OmegaConf.load(f).get(key)) == str(value)]
 
 
 def compose_config(overrides: list[str] = ()) -> Config:
@@ -134,7 +172,7 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 
 def group_options(group: str) -> list[str]:
     """The options of a config group, from conf/ and experiments/ (Hydra's search path)."""
-    folders = (CONFIG_DIR / group, CONFIG_DIR.parent / "experiments" / group)
+    folders = (CONFIG_DIR / group, EXPERIMENT_DIR / group)
     return sorted({f.stem for folder in folders for f in folder.glob("*.yaml")})
 
 
@@ -161,6 +199,18 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return sweep_combinations([*experiment_sweep(overrides), *overrides])
 
 
+def run_directories(argv: list[str], count: int) -> list[Path]:
+    """Each job's run directory as Hydra will name it: `hydra.run.dir`, or under `-m`
+    `hydra.sweep.dir/<job number>`, given on the command line or conf/config.yaml's dated
+    defaults (relative to the working directory, as Hydra makes them with `job.chdir: false`)."""
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    given = [a.removeprefix(key) for a in argv if a.startswith(key)]
+    dated = time.strftime("%Y-%m-%d/%H-%M-%S")
+    base = Path(given[-1] if given else f"{'multirun' if multirun else 'outputs'}/{dated}")
+    return [base / str(number) for number in range(count)] if multirun else [base]
+
+
 def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
     """Compose and validate every job of a command line before Hydra starts (an experiment
     file's sweep included), so bad input writes nothing: the schema's checks, then
@@ -169,10 +219,10 @@ def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
     configs = compose_configs(jobs)
     from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
 
-    for job, config in zip(jobs, configs, strict=True):
+    for job, config, run_dir in zip(jobs, configs, run_directories(argv, len(jobs)), strict=True):
         if not config.dry_run:
             try:
-                check_run(config)
+                check_run(config, run_dir=run_dir)
             except ConfigError as error:
                 named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
                 raise ConfigError(named) from error

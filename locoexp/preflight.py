@@ -19,33 +19,62 @@ the typed `Config` is built; this module adds what needs the machine, cheapest f
 - the tokenizer's vocabulary against `model.vocab_size`;
 - the prompt schedule (steps vs batches and passes) against the training rows, an upper bound
   of the examples: a schedule that needs more examples than remain after long prompts are
-  dropped is still refused when the task is built, after the run directory exists.
+  dropped is still refused when the task is built, after the run directory exists;
+- the run directory (`hydra.run.dir`): it can be made and written, its disk holds what the run
+  writes (checkpoints and exports, from the memory plan's state sizes), and a run already in it
+  may be continued by this config (`resume`, the same settings); Hydra's `.hydra/` and
+  `run.log` would otherwise overwrite the records of the run it refuses;
+- a local run's listening address is this machine's and its coordinator port is free.
 
 It may read files, fill the `datasets` cache and open one TCP connection per server. It must not
 create the run directory, build a model or initialise a JAX backend (a multi-host TPU process
 must call `jax.distributed.initialize` first).
 """
 
+import errno
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from locoexp.checkpoint.export import POLICY_DIR
+from locoexp.checkpoint.state import (
+    CHECKPOINT_DIR,
+    KEPT_CHECKPOINTS,
+    check_same_config,
+    latest_saved_step,
+    resume_step,
+    saved_progress,
+)
 from locoexp.compose import experiment_sweep
 from locoexp.config import Config
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.files import check_data_files
 from locoexp.dataset.schedule import build_schedule
-from locoexp.errors import require
+from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
+from locoexp.placement.config import PlacementKind
+from locoexp.placement.layout import Layout
 from locoexp.planner import describe_plan
+from locoexp.planner.fit import resolve_plan
 from locoexp.planner.report import summarize_plan
 from locoexp.rollout.config import EngineKind
 from locoexp.session.build import build_spec, plan_setup
+from locoexp.session.spec import SurvivalSpec
 
 
-def check_run(config: Config) -> None:
-    """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine."""
-    build_spec(config)
+def check_run(config: Config, *, run_dir: Path | None = None) -> None:
+    """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine;
+    `run_dir`: where Hydra will write the run (None: not checked)."""
+    spec = build_spec(config)
+    if run_dir is not None:
+        check_run_directory(run_dir, spec.survival)
+        check_disk_space(run_dir, config)
+    check_listening(spec.layout)
     if config.rollout.engine is EngineKind.vllm:
         from locoexp.rollout import vllm_engine  # noqa: PLC0415
 
@@ -141,3 +170,84 @@ def check_vocabulary(config: Config) -> None:
         f"tokens of dataset={config.dataset.kind.value}; pick a model whose vocabulary covers "
         "it (e.g. model=tiny_qwen).",
     )
+
+
+def check_run_directory(run_dir: Path, survival: SurvivalSpec) -> None:
+    """`hydra.run.dir` is (or can be made) a writable directory, and the checkpoint in it, if
+    any, is one this config resumes (`checkpoint.state.resume_step`, `check_same_config`)."""
+    require(
+        not run_dir.exists() or run_dir.is_dir(),
+        f"hydra.run.dir={run_dir} is an existing file, not a directory; give a new or existing "
+        "directory path.",
+    )
+    existing = next(p for p in (run_dir, *run_dir.resolve().parents) if p.exists())
+    try:  # what Hydra will do: make directories under the nearest existing one and write there
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} cannot be written ({existing}: {error.strerror}); give a "
+            "directory on a writable file system, e.g. hydra.run.dir=outputs/<name>."
+        ) from None
+    directory = run_dir.resolve() / CHECKPOINT_DIR
+    step = resume_step(survival.resume, latest_saved_step(run_dir), directory)
+    if step is not None:
+        check_same_config(saved_progress(run_dir, step), survival.config_digest, directory)
+
+
+def check_disk_space(run_dir: Path, config: Config) -> None:
+    """The disk under `run_dir` holds the run's checkpoints (`KEPT_CHECKPOINTS`, and the next
+    one written before the oldest goes) and its policy exports, less what the run directory
+    already holds of them: the plan's trainer state (AdamW m and v of what trains, that as
+    much again in parameters, the KL reference) and parameters, over its devices."""
+    plan = resolve_plan(plan_setup(config))
+    t, devices = plan.trainer, plan.trainer_devices
+    checkpoint = int((1.5 * t.optimizer + t.reference) * devices)
+    policy = t.params * devices
+    exports = 1 + len(config.eval_at_updates)
+    need = (KEPT_CHECKPOINTS + 1) * checkpoint + exports * policy
+    held = sum(
+        f.stat().st_size
+        for part in (CHECKPOINT_DIR, POLICY_DIR)
+        for f in (run_dir / part).rglob("*")
+        if f.is_file()
+    )
+    existing = next(p for p in (run_dir, *run_dir.resolve().parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    mib = 2**20
+    require(
+        need - held <= free,
+        f"hydra.run.dir={run_dir} is on a disk with {free / mib:.1f} MiB free, but this run "
+        f"writes about {(need - held) / mib:.1f} MiB there ({KEPT_CHECKPOINTS + 1} checkpoints "
+        f"of {checkpoint / mib:.1f} MiB while the newest replaces the oldest, and {exports} "
+        f"policy export(s) of {policy / mib:.1f} MiB); free space or give a hydra.run.dir on a "
+        "larger disk.",
+    )
+
+
+def check_listening(layout: Layout) -> None:
+    """A run on this machine (hardware=cpu, no placement.ray_address) listens on
+    `hardware.bind_address`, which must be one of this machine's addresses, and, with several
+    processes, the jax.distributed coordinator on `hardware.coordinator_port`, which must be free
+    (0: the launcher picks a free one)."""
+    if not layout.cpu or layout.ray_address is not None or layout.bind_address is None:
+        return
+    address = layout.bind_address
+    uses_port = layout.processes > 1 or layout.kind is PlacementKind.da
+    port = layout.coordinator_port if uses_port else 0
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds it
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"hardware.coordinator_port={port} is already in use on {address}; set "
+                    "hardware.coordinator_port to a free port, or 0 to let the run pick one."
+                ) from None
+            raise ConfigError(
+                f"hardware.bind_address={address} is not an address of this machine "
+                f"({error.strerror}); give one of its own addresses, or leave it unset for "
+                "127.0.0.1."
+            ) from None

@@ -50,11 +50,12 @@ def test_a_saved_next_batch_comes_back_exactly(tmp_path):
         np.testing.assert_array_equal(got.advantages, want.advantages)
 
 
-def test_batch_files_older_than_the_oldest_kept_checkpoint_are_removed(tmp_path):
-    for step in (3, 6, 9):
+def test_batch_files_of_no_kept_checkpoint_are_removed(tmp_path):
+    # 3: its checkpoint deleted since; 12: a checkpoint never completed (killed mid-save)
+    for step in (3, 6, 9, 12):
         save_batches(tmp_path, step, [_batch(step, 0)])
-    prune_batches(tmp_path, oldest_kept=6)
-    assert [batch_path(tmp_path, s).exists() for s in (3, 6, 9)] == [False, True, True]
+    prune_batches(tmp_path, kept={6, 9})
+    assert [batch_path(tmp_path, s).exists() for s in (3, 6, 9, 12)] == [False, True, True, False]
 
 
 def _result(step: int, schedule: PromptSchedule) -> TrainResult:

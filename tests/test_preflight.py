@@ -40,8 +40,11 @@ def hermetic_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def run_cli(tmp_path: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
-    """`python <repo>/run.py <overrides>` from an empty directory, as a new user would."""
+def run_cli(
+    tmp_path: Path, *overrides: str, run_dir: str | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """`python <repo>/run.py <overrides>` from an empty directory, as a new user would, with
+    `hydra.run.dir=<run_dir>` (default `<tmp_path>/run`)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
     return subprocess.run(
@@ -49,7 +52,7 @@ def run_cli(tmp_path: Path, *overrides: str, **env: str) -> subprocess.Completed
             sys.executable,
             str(ROOT / "run.py"),
             *overrides,
-            f"hydra.run.dir={tmp_path}/run",
+            f"hydra.run.dir={run_dir or tmp_path / 'run'}",
             f"hydra.sweep.dir={tmp_path}/multirun",
         ],
         cwd=cwd,

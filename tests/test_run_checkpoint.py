@@ -64,16 +64,16 @@ def test_resume_modes(tmp_path):
     import jax.numpy as jnp
 
     empty = RunCheckpoints(tmp_path / "a")
-    assert resume_step(ResumeMode.auto, empty) is None
-    assert resume_step(ResumeMode.never, empty) is None
+    assert resume_step(ResumeMode.auto, empty.latest_step(), empty.directory) is None
+    assert resume_step(ResumeMode.never, empty.latest_step(), empty.directory) is None
     with pytest.raises(ConfigError, match="resume=must"):
-        resume_step(ResumeMode.must, empty)
+        resume_step(ResumeMode.must, empty.latest_step(), empty.directory)
     full = RunCheckpoints(tmp_path / "b")
     full.save(_progress(4), {"w": jnp.ones(2)}, wait=True)
-    assert resume_step(ResumeMode.auto, full) == 4
-    assert resume_step(ResumeMode.must, full) == 4
+    assert resume_step(ResumeMode.auto, full.latest_step(), full.directory) == 4
+    assert resume_step(ResumeMode.must, full.latest_step(), full.directory) == 4
     with pytest.raises(ConfigError, match="resume=never"):
-        resume_step(ResumeMode.never, full)
+        resume_step(ResumeMode.never, full.latest_step(), full.directory)
 
 
 def test_a_checkpoint_of_another_config_is_refused_naming_the_keys(tmp_path):

@@ -78,6 +78,17 @@ def export_policy(
     if adapter is not None:
         factors = lora_factors(nnx.to_pure_dict(host_adapters))
         write_peft_adapter(factors, adapter[0], model, partial / ADAPTER_DIR)
+    _normal_modes(partial)
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)
     return directory
+
+
+def _normal_modes(directory: Path) -> None:
+    """Give every exported file the mode a file opened here gets (0644 under the usual umask):
+    safetensors writes its files through a private temporary file, mode 0600, which other users
+    of a shared machine (a vLLM server, a colleague) could not read."""
+    normal = (directory / "config.json").stat().st_mode & 0o777  # written by open()
+    for path in directory.rglob("*"):
+        if path.is_file():
+            path.chmod(normal)

@@ -46,7 +46,7 @@ class RunSurvival:
         export_at: frozenset[int],
     ) -> "RunSurvival":
         checkpoints = RunCheckpoints(run_dir)
-        step = resume_step(mode, checkpoints)
+        step = resume_step(mode, checkpoints.latest_step(), checkpoints.directory)
         restored = None
         if step is not None:
             restored = checkpoints.read_progress(step)

@@ -11,7 +11,10 @@ Multi-host: every process calls `save` and `restore` with its own global arrays;
 reads each process's addressable shards and process 0 writes the JSON. Saves are asynchronous:
 `save` returns once the arrays are copied off the devices, the files are written in the
 background, and a checkpoint becomes visible (`latest_step`) only once complete, so a process
-killed mid-save leaves the previous checkpoint in place.
+killed mid-save leaves the previous checkpoint in place. A save that cannot fit on the disk is
+refused before it starts, and one that fails in the background is reported at the step loop's
+next `check` (each step); either is one sentence (`ConfigError`) saying how much space the run's
+checkpoints need, with the partial files removed and the last complete checkpoint intact.
 
 This module must not decide when to save or what a resumed run does with its records; the step
 loop does.
@@ -19,10 +22,12 @@ loop does.
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from locoexp.checkpoint.config import ResumeMode
@@ -30,6 +35,7 @@ from locoexp.checkpoint.progress import RunProgress
 from locoexp.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"  # under the run directory
+KEPT_CHECKPOINTS = 2  # orbax's max_to_keep: the newest two survive; a third is written before
 
 
 def abstract_like(tree: Any) -> Any:
@@ -40,7 +46,13 @@ def abstract_like(tree: Any) -> Any:
 class RunCheckpoints:
     """The checkpoints under `<run_dir>/checkpoints`, one orbax step directory per saved step."""
 
-    def __init__(self, run_dir: str | Path, *, max_to_keep: int = 2, async_save: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        max_to_keep: int = KEPT_CHECKPOINTS,
+        async_save: bool = True,
+    ):
         self.directory = Path(run_dir).resolve() / CHECKPOINT_DIR
         # orbax reports every save phase at INFO through absl, which Hydra's root logger prints
         logging.getLogger("absl").setLevel(logging.WARNING)
@@ -50,6 +62,9 @@ class RunCheckpoints:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("arrays", "progress")
         )
+        self.max_to_keep = max_to_keep
+        self._saving: tuple[int, int] | None = None  # (step, bytes) of the save in flight
+        self._failed = False
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (= its `next_step`), or None."""
@@ -58,12 +73,43 @@ class RunCheckpoints:
     def save(self, progress: RunProgress, arrays: Any, *, wait: bool = False) -> None:
         """Checkpoint `arrays` (any pytree of global arrays) and `progress` at progress.next_step.
         Every process must call it; with `wait` it returns once the files are on disk."""
+        self.check()
+        step, need = progress.next_step, local_bytes(arrays)
+        free = shutil.disk_usage(self.directory).free
+        if need > free:
+            self._saving = (step, need)
+            raise self._refusal(f"{_mib(free)} MiB free")
         args = ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), progress=ocp.args.JsonSave(progress.to_json())
         )
-        self._manager.save(progress.next_step, args=args, force=True)
+        self._saving = (step, need)
+        self._manager.save(step, args=args, force=True)
         if wait:
-            self._manager.wait_until_finished()
+            self.wait()
+
+    def check(self) -> None:
+        """Raise `ConfigError` (one sentence) if a background save has failed."""
+        try:
+            self._manager.check_for_errors()
+        except Exception as error:  # noqa: BLE001  (whatever failed the write, one sentence)
+            raise self._refusal(str(error).splitlines()[0][:160]) from None
+
+    def _refusal(self, reason: str) -> ConfigError:
+        """The sentence for a checkpoint that could not be written; its partial files removed."""
+        self._failed = True
+        step, need = self._saving
+        if jax.process_index() == 0:
+            for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True)
+        last = latest_saved_step(self.directory.parent)
+        kept = "no earlier checkpoint" if last is None else f"the checkpoint after step {last}"
+        return ConfigError(
+            f"the checkpoint after step {step} could not be written to {self.directory} "
+            f"({reason}): each checkpoint of this run needs {_mib(need)} MiB and the run keeps "
+            f"{self.max_to_keep}, so give it {_mib(need * (self.max_to_keep + 1))} MiB (the "
+            f"newest is written before the oldest is deleted); {kept} is intact: free space or "
+            "move the run directory, then rerun the same command to resume."
+        )
 
     def restore(self, step: int, like: Any) -> tuple[RunProgress, Any]:
         """The checkpoint at `step`, its arrays placed like the live arrays `like`."""
@@ -82,30 +128,53 @@ class RunCheckpoints:
         return RunProgress.from_json(restored.progress)
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001  (whatever failed the write, one sentence)
+            raise self._refusal(str(error).splitlines()[0][:160]) from None
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        if self._failed:  # reported already; orbax would raise the same failure again
+            return
+        self.wait()
         self._manager.close()
 
 
-def resume_step(mode: ResumeMode, checkpoints: RunCheckpoints) -> int | None:
-    """The step to resume from under `resume=mode`, or None to start at step 0."""
-    latest = checkpoints.latest_step()
+def local_bytes(arrays: Any) -> int:
+    """Bytes this process writes for `arrays`: its addressable shards, one replica each (a
+    leaf that is not a jax.Array, e.g. a NumPy scalar, whole)."""
+    total = 0
+    for x in jax.tree.leaves(arrays):
+        shards = getattr(x, "addressable_shards", None)
+        if shards is None:
+            total += np.asarray(x).nbytes
+        else:
+            total += sum(s.data.nbytes for s in shards if s.replica_id == 0)
+    return total
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f}"
+
+
+def resume_step(mode: ResumeMode, latest: int | None, directory: Path) -> int | None:
+    """The step to resume from under `resume=mode`, or None to start at step 0, given the newest
+    complete checkpoint `latest` in `directory` (`RunCheckpoints.latest_step`, or before the run
+    starts `latest_saved_step`)."""
     match mode:
         case ResumeMode.auto:
             return latest
         case ResumeMode.never:
             if latest is not None:
                 raise ConfigError(
-                    f"resume=never but {checkpoints.directory} holds a checkpoint at step "
+                    f"resume=never but {directory} holds a checkpoint at step "
                     f"{latest}; use a new hydra.run.dir, delete it, or set resume=auto."
                 )
             return None
         case ResumeMode.must:
             if latest is None:
                 raise ConfigError(
-                    f"resume=must but {checkpoints.directory} holds no checkpoint; point "
+                    f"resume=must but {directory} holds no checkpoint; point "
                     "hydra.run.dir at the run to resume or set resume=auto."
                 )
             return latest
@@ -139,3 +208,11 @@ def latest_saved_step(run_dir: str | Path) -> int | None:
     directory = Path(run_dir) / CHECKPOINT_DIR
     steps = [int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir()]
     return max(steps, default=None)
+
+
+def saved_progress(run_dir: str | Path, step: int) -> RunProgress:
+    """The `RunProgress` of the complete checkpoint at `step`, read from its JSON file alone (no
+    orbax manager, no jax: `locoexp.preflight` reads it before the run directory is touched).
+    `ocp.args.JsonSave` writes the item as `<step>/progress/metadata`."""
+    path = Path(run_dir) / CHECKPOINT_DIR / str(step) / "progress" / "metadata"
+    return RunProgress.from_json(json.loads(path.read_text()))

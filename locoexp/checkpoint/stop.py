@@ -8,15 +8,21 @@ same checkpoint: with several hosts the flags are combined with one small all-ga
 JAX's preemption notice (`multihost_utils.reached_preemption_sync_point`) also counts, which
 every host reaches at the same step. A second signal while stopping leaves the run at once
 (unless it comes within `REPEAT_GRACE_S` of the first: Ctrl-C reaches every local host process
-directly and the launcher forwards it too, and that is still one request).
+directly and the launcher forwards it too, and that is still one request): the process exits
+with 128 + the signal at the next bytecode, without unwinding (no SystemExit through jitted code,
+threads or collectives, so no tracebacks), the running step unsaved and the last checkpoint
+intact; the run's top process says so in one sentence (a spawned host process leaves that to
+its launcher, which reports its exit code as a stop).
 
 This module never saves anything itself and never decides what the loop does after a stop.
 """
 
+import multiprocessing
+import os
 import signal
-import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -39,9 +45,11 @@ class RunStopped(Exception):  # noqa: N818  (a stop is the normal end of a stopp
 
 
 class StopSignals:
-    """SIGTERM/SIGINT set `received` (the first signal's number) while installed."""
+    """SIGTERM/SIGINT set `received` (the first signal's number) while installed; `run_dir`:
+    where a second signal's sentence finds the last checkpoint."""
 
-    def __init__(self):
+    def __init__(self, run_dir: str | Path = "."):
+        self.run_dir = Path(run_dir)
         self.received: int | None = None
         self._received_at = 0.0
         self._previous: dict[int, object] = {}
@@ -63,15 +71,32 @@ class StopSignals:
         if self.received is None:
             self.received, self._received_at = number, time.monotonic()
         elif time.monotonic() - self._received_at > REPEAT_GRACE_S:  # leave now, no checkpoint
-            sys.stderr.write("stopping at once (second signal); no checkpoint of this step\n")
-            sys.stderr.flush()
-            raise SystemExit(128 + number)
+            if multiprocessing.parent_process() is None:  # the run's top process speaks
+                os.write(2, (abandoned_line(self.run_dir, number) + "\n").encode())
+            os._exit(128 + number)
 
     def __enter__(self) -> "StopSignals":
         return self.install()
 
     def __exit__(self, *exc) -> None:
         self.uninstall()
+
+
+def abandoned_line(run_dir: Path, number: int) -> str:
+    """One sentence for a run left at once on a second signal: what is kept, how to go on."""
+    # imported here: run.py imports this module before jax may load; by a signal the session
+    # has imported it
+    from locoexp.checkpoint.state import latest_saved_step  # noqa: PLC0415
+
+    step = latest_saved_step(run_dir)
+    kept = (
+        "no checkpoint was saved yet, so rerun the command to start again"
+        if step is None
+        else f"the checkpoint after step {step} in {run_dir}/checkpoints is intact: rerun the "
+        "same command (same hydra.run.dir) to resume from it"
+    )
+    name = signal.Signals(number).name
+    return f"stopped at once by a second {name}, the running step unsaved; {kept}."
 
 
 def stop_agreed(

@@ -89,9 +89,17 @@ class WandbLogger:
         self.run.summary.update(values)
 
     def finish(self) -> None:
+        """Finish the run and return once its records are in `<run_dir>/wandb/`: `run.finish`
+        waits for the exit record, but closing the run's file is only requested of the
+        wandb-core service (`inform_finish`, not awaited), and until then the file may hold
+        none of the run's history (seen: a 7-byte file right after `finish`, every row a
+        second later). `wandb.teardown` stops the service, which closes every run's file."""
         if not self._finished:
             self._finished = True
             self.run.finish()
+            import wandb  # noqa: PLC0415  (imported already: this run is a wandb.Run)
+
+            wandb.teardown()
 
 
 def build_logger(

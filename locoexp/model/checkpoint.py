@@ -437,13 +437,8 @@ def check_checkpoint(config: ModelConfig) -> None:
     shapes. `locoexp.preflight` runs it before the run directory exists."""
     if config.checkpoint is None:
         return
-    directory = config.checkpoint
-    path = pathlib.Path(directory)
-    require(
-        path.is_dir(),
-        f"model.checkpoint={directory} is not a directory: give a local Hugging Face checkpoint "
-        "directory (config.json + safetensors) or null for random init.",
-    )
+    path = resolve_checkpoint(config.checkpoint)  # a directory, or a Hub id in the local cache
+    directory = str(path)
     require((path / CONFIG_FILE).is_file(), f"model.checkpoint={directory} has no {CONFIG_FILE}.")
     check_architecture(read_json(path / CONFIG_FILE, directory), config, directory)
     expected, found = hf_shapes(config), {}

@@ -176,8 +176,9 @@ def launch_local_processes(
 
 
 class _forward_stop_signals:  # noqa: N801  (used like a function)
-    """While the hosts run, SIGTERM/SIGINT to this parent are passed on to every host as SIGTERM
-    (each checkpoints the same step and exits with 128 + the signal); the parent waits for them."""
+    """While the hosts run, SIGTERM/SIGINT to this parent are passed on to every host as they
+    came (each checkpoints the same step and exits with 128 + the signal, a second Ctrl-C 130);
+    the parent waits for them."""
 
     def __init__(self, processes: list):
         self.processes = processes
@@ -189,7 +190,7 @@ class _forward_stop_signals:  # noqa: N801  (used like a function)
         for process in self.processes:
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGTERM)
+                    os.kill(process.pid, number)
 
     def uninstall(self) -> None:
         for number, handler in self.previous.items():

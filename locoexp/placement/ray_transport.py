@@ -251,8 +251,8 @@ class RayActors:
             t.save_checkpoint.remote(run_dir, progress, wait=wait) for t in self.hosts.trainers
         ]
         self._from_trainers(calls, during=f"the checkpoint after {updates} steps")
-        kept = [int(p.name) for p in checkpoints.directory.glob("*") if p.name.isdigit()]
-        prune_batches(self.run_dir, oldest_kept=min(kept, default=updates))
+        kept = {int(p.name) for p in checkpoints.directory.glob("*") if p.name.isdigit()}
+        prune_batches(self.run_dir, kept=kept | {updates})
 
     def restore(self, checkpoints: RunCheckpoints, progress: RunProgress) -> Published:
         """Continue from the checkpoint after `progress.next_step` updates: every trainer host

@@ -49,11 +49,13 @@ def load_batches(run_dir: str | Path, step: int) -> list[RolloutBatch] | None:
     return [_decode(arrays, prefix=f"{host}/") for host in range(int(arrays["hosts"]))]
 
 
-def prune_batches(run_dir: str | Path, *, oldest_kept: int) -> None:
-    """Remove the files of steps before the oldest checkpoint still kept."""
+def prune_batches(run_dir: str | Path, *, kept: set[int]) -> None:
+    """Remove every file whose step is not in `kept` (the checkpoints on disk and the one being
+    written): those of checkpoints deleted since, and those of a checkpoint that was never
+    completed (a run killed or refused mid-save), which no resume reads."""
     for path in (Path(run_dir) / BATCH_DIR).glob("*.npz"):
         stem = path.name.removesuffix(".npz")
-        if stem.isdigit() and int(stem) < oldest_kept:
+        if stem.isdigit() and int(stem) not in kept:
             path.unlink(missing_ok=True)
 
 

@@ -14,6 +14,7 @@ from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
+from locoexp.placement.config import PlacementKind
 from locoexp.placement.layout import build_layout
 from locoexp.planner.estimate import GIB
 from locoexp.planner.paper import paper_workaround
@@ -239,7 +240,26 @@ def remedies(setup: Setup, role: str) -> list[str]:
             batch = next((b for b, v in _smaller_batches(fewer) if _fits(v)), None)
             if batch:
                 return [f"{label} {batch}"]
+        colocated = _colocated(setup)  # last: the placement itself, so the next command runs
+        if colocated is not None:
+            label, co = colocated
+            fixes = [] if _fits(co) else remedies(co, role)
+            if _fits(co) or fixes:
+                return [" ".join([label, *fixes[:1]])]
     return []
+
+
+def _colocated(setup: Setup) -> tuple[str, Setup] | None:
+    """placement=da on a shared CPU machine holds the weights in every process (trainer, each
+    rollout host, and the driver's object store): one colocated host holds them once (None:
+    already colocated)."""
+    r = setup.layout
+    if r.colocated:
+        return None
+    layout = build_layout(PlacementKind.co, hosts=1, devices_per_host=r.devices_per_host)
+    hardware = dataclasses.replace(setup.hardware, hosts=1)
+    co = dataclasses.replace(setup, layout=layout, hardware=hardware)
+    return "placement=co hardware.hosts=1 split=null", co
 
 
 def _fewest_hosts(setup: Setup) -> tuple[str, Setup] | None:

@@ -56,7 +56,7 @@ def run_session(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
     the run's summary (written to `summary.json` by the leader)."""
     start_time, timer = time.perf_counter(), StepTimer()
     run_dir = Path(files.run_dir)
-    with StopSignals() as signals:
+    with StopSignals(run_dir) as signals:
         survival = open_survival(spec, run_dir)
         try:
             if survival.completed:
@@ -163,6 +163,7 @@ class SessionHooks:
         self.earlier_eval_s = restored.eval_total_s if restored else 0.0
 
     def stop_requested(self, step: int) -> int | None:
+        self.survival.checkpoints.check()  # a failed background save ends the run at once
         group = self.transport.group
         return stop_agreed(
             self.signals,
