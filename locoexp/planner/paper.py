@@ -8,7 +8,8 @@ dry run, tools/plan_paper_cells.py and tests/test_paper_experiments.py expand th
 of locoexp reproduces them exactly (Table H1's 405B cells: a compiler flag, q/k/v remat).
 """
 
-# The experiment files of the paper's grids (Tables 3, F1, H1, H2, E1-E3, I1, I5, App. I.2, B1
+# The experiment files of the paper's grids (Tables 3, F1, H1, H2, E1-E3, I1, I5 (its frozen
+# recipe too), App. I.2, B1
 # and Section 4.1's 64-chip TP sweep); each has a _cpu variant of the same shape.
 PAPER_EXPERIMENTS = (
     "stack_comparison",
@@ -20,6 +21,7 @@ PAPER_EXPERIMENTS = (
     "pathways_ratio",
     "cost_to_learn",
     "cost_to_learn_seeds",
+    "cost_to_learn_frozen",
     "lever_ablation",
 )
 # Overrides that repeat a cell (launches, seeds) or select the file, not part of its name.
