@@ -52,6 +52,13 @@ def test_the_paper_layout_cell_is_refused_and_locoexps_fits_only_by_accumulating
     assert "the paper's layout (trainer.accumulate=false) needs" in verdict
 
 
-def test_a_mean_sequence_length_beyond_the_caps_is_refused():
-    with pytest.raises(ConfigError, match=r"dataset.mean_sequence_tokens=20000 must be null or 1"):
-        compose_config([*SWE_CO_8, "+arm=co_base", "dataset.mean_sequence_tokens=20000"])
+def test_a_mean_sequence_length_beyond_lowered_caps_counts_as_the_caps():
+    small = ["dataset.max_prompt_tokens=64", "dataset.max_new_tokens=8", "trainer.accumulate=false"]
+    at_mean = compose_config([*SWE_CO_8, "+arm=co_base", *small])
+    at_caps = compose_config(
+        [*SWE_CO_8, "+arm=co_base", *small, "dataset.mean_sequence_tokens=null"]
+    )
+    rows = [resolve_plan(plan_setup(c)).trainer_shape.rows for c in (at_mean, at_caps)]
+    assert rows[0] == rows[1]
+    with pytest.raises(ConfigError, match=r"dataset.mean_sequence_tokens=0 must be a positive"):
+        compose_config([*SWE_CO_8, "+arm=co_base", "dataset.mean_sequence_tokens=0"])

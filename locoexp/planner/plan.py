@@ -101,7 +101,8 @@ def _trainer_shape(
     per_row = max(row_tokens // (dataset.max_prompt_tokens + dataset.max_new_tokens), 1)
     rows = _next_power_of_two(math.ceil(math.ceil(sequences / per_row) / devices))
     if not trainer.accumulate and dataset.mean_sequence_tokens:
-        rows = _real_rows(sequences * dataset.mean_sequence_tokens, row_tokens, devices)
+        real = min(dataset.mean_sequence_tokens, dataset.max_prompt_tokens + dataset.max_new_tokens)
+        rows = min(rows, _real_rows(sequences * real, row_tokens, devices))
     return TrainerShape(
         devices=devices,
         rows=rows,
