@@ -20,6 +20,7 @@ PAPER_SCALE = [
     "co_vs_da",
     "cost_to_learn",
     "cost_to_learn_seeds",
+    "cost_to_learn_frozen",
     "lever_ablation",
     "model_size",
     "pathways_ratio",

@@ -173,3 +173,72 @@ def test_cpu_runs_are_counted_in_hosts_not_chips(tmp_path):
     fig = by_chips(runs, steady=None, arms=None, title="Figure 4")
     assert {ax.get_xlabel() for ax in fig.axes} == {"CPU hosts"}
     plt.close(fig)
+
+
+def _inside(box, canvas) -> bool:
+    return (
+        box.x0 >= canvas.x0 - 1
+        and box.x1 <= canvas.x1 + 1
+        and box.y0 >= canvas.y0 - 1
+        and box.y1 <= canvas.y1 + 1
+    )
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 - 1 and b.x0 < a.x1 - 1 and a.y0 < b.y1 - 1 and b.y0 < a.y1 - 1
+
+
+def _tick_labels(axis) -> list[tuple[float, object]]:
+    return [
+        *zip(axis.get_majorticklocs(), axis.get_majorticklabels(), strict=False),
+        *zip(axis.get_minorticklocs(), axis.get_minorticklabels(), strict=False),
+    ]
+
+
+def _shown_tick_boxes(axis, renderer) -> list:
+    """Window boxes of the tick labels drawn on `axis` (major and minor, within its view)."""
+    low, high = sorted(axis.get_view_interval())
+    return [
+        label.get_window_extent(renderer)
+        for loc, label in _tick_labels(axis)
+        if low <= loc <= high and label.get_visible() and label.get_text()
+    ]
+
+
+def test_no_figure_clips_a_label_or_overlaps_its_ticks(tmp_path):
+    from matplotlib.text import Text  # noqa: PLC0415
+
+    from locoexp.analysis.figures import build  # noqa: PLC0415
+
+    runs = find_runs([sweep(tmp_path / "sweep")])
+    for figure in Figure:
+        fig = build(figure, runs, target=None, steady=None)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ticks = {
+            id(label)
+            for ax in fig.axes
+            for a in (ax.xaxis, ax.yaxis)
+            for _, label in _tick_labels(a)
+        }
+        for text in fig.findobj(Text):
+            if id(text) not in ticks and text.get_visible() and text.get_text().strip():
+                box = text.get_window_extent(renderer)
+                assert _inside(box, fig.bbox), (figure.value, text.get_text())
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                boxes = _shown_tick_boxes(axis, renderer)
+                assert all(_inside(box, fig.bbox) for box in boxes), (figure.value, ax.get_title())
+                pairs = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]]
+                assert not any(_overlap(a, b) for a, b in pairs), (figure.value, ax.get_title())
+        plt.close(fig)
+
+
+def test_a_step_time_panel_with_a_compile_step_has_a_log_axis(tmp_path):
+    times = [120.0] + [1.0 + 0.01 * i for i in range(11)]  # step 0 compiles
+    write_run(tmp_path / "co", times, phases=PHASES)
+    fig = report_panels.step_time(find_runs([tmp_path / "co"]), steady=None)
+    scales = {ax.get_title(): ax.get_yscale() for ax in fig.axes}
+    plt.close(fig)
+    assert scales["Step time"] == "log"
+    assert scales["Step time by phase"] == "linear"

@@ -33,7 +33,13 @@ def test_the_paper_layout_plans_every_row_in_one_micro_batch():
     setup = plan_setup(compose_config([*SWE_CO_8, "trainer.accumulate=false"]))
     plan = resolve_plan(setup)
     assert plan.trainer_shape.micro_batches == 1
-    assert plan.trainer_shape.micro_batch_rows == plan.trainer_shape.rows == 128
+    # SWE's real mean sequence (dataset.mean_sequence_tokens, 6,885 tokens): 2,048 x 6,885 /
+    # 16 devices in rows of 16,384 tokens; at the caps every row of 128
+    assert plan.trainer_shape.micro_batch_rows == plan.trainer_shape.rows == 54
+    caps = compose_config(
+        [*SWE_CO_8, "trainer.accumulate=false", "dataset.mean_sequence_tokens=null"]
+    )
+    assert resolve_plan(plan_setup(caps)).trainer_shape.rows == 128
 
 
 def test_swe_co_at_8_chips_fits_only_by_accumulating_and_says_so():

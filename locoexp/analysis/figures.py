@@ -48,6 +48,16 @@ class Figure(enum.Enum):
 def draw(
     figure: Figure, runs: Sequence[Run], *, out: Path, target: float | None, steady: str | None
 ) -> Path:
+    """`figure` of `runs` as `out/<figure>.png`."""
+    fig = build(figure, runs, target=target, steady=steady)
+    path = out / f"{figure.value}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def build(figure: Figure, runs: Sequence[Run], *, target: float | None, steady: str | None):
+    """`figure` of `runs`, laid out (tight: every label inside the canvas)."""
     match figure:
         case Figure.step_time:
             fig = panels.step_time(runs, steady=steady)
@@ -65,11 +75,8 @@ def draw(
             fig = by_chips(runs, steady=steady, arms="co_vs_da", title="Figure 6")
         case Figure.fig7:
             fig = fig7(runs, steady=steady)
-    path = out / f"{figure.value}.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def cell_value(runs: Sequence[Run], key: str, steady: str | None) -> float | None:

@@ -19,6 +19,7 @@ from locoexp.metrics.panels import PHASES, SECTIONS, STEP_KEY, Panel, PanelKind
 
 ROLLOUT_BRANCH = ("load", "admission", "generation", "reward")
 TRAINER_BRANCH = ("transfer", "pack", "train", "publish", "log")
+WIDE_RANGE = 5.0  # a line panel's largest over smallest value beyond which its y axis is log
 
 
 def _section(name: str):
@@ -57,7 +58,7 @@ def learning(runs: Sequence[Run]):
 
 
 def draw_lines(ax, panel: Panel, runs: Sequence[Run]) -> None:
-    palette, drawn = colors(runs), False
+    palette, drawn, plotted = colors(runs), False, []
     for run in runs:
         for key in panel.ys:
             points = sorted(
@@ -74,9 +75,17 @@ def draw_lines(ax, panel: Panel, runs: Sequence[Run]) -> None:
                     color=palette[run.label],
                     label=f"{run.label} | {run.run_dir.name}",
                 )
-                drawn = True
+                drawn, plotted = True, plotted + list(ys)
     ax.set_xlabel("global step")
+    _log_if_wide(ax, plotted)
     finish(ax, drawn, missing=", ".join(panel.ys))
+
+
+def _log_if_wide(ax, values: list[float]) -> None:
+    """A log y axis where the values span more than WIDE_RANGE (the first steps compile: 115 s
+    beside steady steps of 1 s would flatten every steady step onto the floor of a linear axis)."""
+    if values and min(values) > 0 and max(values) > WIDE_RANGE * min(values):
+        ax.set_yscale("log")
 
 
 def _mean(run: Run, phase: str, steady: str | None) -> float:
@@ -101,14 +110,17 @@ def draw_breakdown(ax, runs: Sequence[Run], *, steady: str | None) -> None:
                     labelled,
                     width=0.7,
                 )
-                ticks.append((x + offset, f"{run.arm}\n{name} branch"))
+                ticks.append((x + offset, f"{run.arm}\n{name}"))
             period = _mean(run, "step", steady)
-            ax.hlines(period, x - 0.4, x + 1.2, color="black", linestyle="--")
+            label = None if "period" in labelled else "da step period (branches overlap)"
+            labelled.add("period")
+            ax.hlines(period, x - 0.4, x + 1.2, color="black", linestyle="--", label=label)
             ax.annotate(
-                f"period {period:.2f} s (branches overlap)",
-                (x - 0.4, period),
+                f"{period:.2f} s",
+                (x + 0.4, period),
                 fontsize=6,
-                xytext=(0, 3),
+                ha="center",
+                xytext=(0, 2),
                 textcoords="offset points",
             )
             x += 2.0
@@ -117,8 +129,16 @@ def draw_breakdown(ax, runs: Sequence[Run], *, steady: str | None) -> None:
             ticks.append((x, f"{run.arm}\n{run.run_dir.name}"))
             x += 1.2
     ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=6)
+    upright_ticks(ax)
+    ax.margins(y=0.12)  # room for the period labels above the tallest bar
     ax.set_xlabel("mean over steady steps")
     finish(ax, bool(ticks), missing="timing/*_s")
+
+
+def upright_ticks(ax) -> None:
+    """Upright x tick labels, so that neighbouring bars' two-line labels (a da run's two
+    branches, 0.8 apart) never overlap, however many runs share the panel."""
+    ax.tick_params(axis="x", labelrotation=90)
 
 
 def _stack(ax, x: float, parts, labelled: set, *, width: float) -> None:
@@ -168,6 +188,8 @@ def cost_to_learn(runs: Sequence[Run], *, target: float | None):
                 fontsize=7,
             )
     bars.set_xticks(range(len(runs)), [f"{r.arm}\n{r.run_dir.name}" for r in runs], fontsize=6)
+    upright_ticks(bars)
+    bars.margins(y=0.15)  # room for the target labels above the tallest bar
     bars.set_ylabel("chip-hours (Appendix I.1)")
     bars.set_title("Chip-hours to the target" + (" (each run's own)" if target is None else ""))
     drawn = False

@@ -95,6 +95,13 @@ class DatasetConfig:
     max_prompt_tokens: int = 16  # prompt cap
     max_new_tokens: int = 8  # response cap
     long_prompts: LongPrompts = LongPrompts.truncate
+    # The expected real length of a sequence, prompt + response tokens, in a step's batch; None =
+    # the caps (every sequence P + R tokens, the worst case). Read by the memory plan only, for
+    # the paper's trainer layout (`trainer.accumulate=false`): one pass over the per-device batch
+    # packed at its real lengths (Algorithm 1, line 4), not at the caps. Measured or expected,
+    # never fitted to a memory figure (conf/dataset/swe_agent.yaml says where its value is from).
+    # Beyond the caps (caps lowered for a small run) it counts as the caps.
+    mean_sequence_tokens: int | None = None
     # The user turn of a math prompt; `{problem}` is replaced by the problem text (SWE-agent
     # prompts are the trajectory itself and ignore it). Qwen's recommended math instruction.
     prompt_template: str = MATH_PROMPT_TEMPLATE
@@ -141,6 +148,11 @@ class DatasetConfig:
         require(
             self.eval_size is None or self.eval_size >= 1,
             f"dataset.eval_size={self.eval_size} must be a positive integer or null.",
+        )
+        require(
+            self.mean_sequence_tokens is None or self.mean_sequence_tokens >= 1,
+            f"dataset.mean_sequence_tokens={self.mean_sequence_tokens} must be a positive "
+            "integer or null (the caps).",
         )
         self._refuse_unread_keys()
 

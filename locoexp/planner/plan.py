@@ -94,11 +94,15 @@ def _trainer_shape(
     adapter_parameters: int = 0,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
-    worst case), and packing rounds rows per device up to a power of two."""
+    worst case), and packing rounds rows per device up to a power of two. The paper's layout
+    at `dataset.mean_sequence_tokens` (`_real_rows`) packs the real batch instead."""
     sequences = dataset.prompts_per_step * dataset.samples_per_prompt
     row_tokens = trainer_row_tokens(dataset, trainer)
     per_row = max(row_tokens // (dataset.max_prompt_tokens + dataset.max_new_tokens), 1)
     rows = _next_power_of_two(math.ceil(math.ceil(sequences / per_row) / devices))
+    if not trainer.accumulate and dataset.mean_sequence_tokens:
+        real = min(dataset.mean_sequence_tokens, dataset.max_prompt_tokens + dataset.max_new_tokens)
+        rows = min(rows, _real_rows(sequences * real, row_tokens, devices))
     return TrainerShape(
         devices=devices,
         rows=rows,
@@ -114,6 +118,17 @@ def _trainer_shape(
         float32_matmuls=xla_cpu,
         remat_erased=xla_cpu,
     )
+
+
+def _real_rows(tokens: int, row_tokens: int, devices: int) -> int:
+    """Rows per device of the paper's trainer layout over a batch of `tokens` real tokens: the
+    paper's hosts pack each step's sequences at their real lengths into rows of L and agree on
+    K padded rows per device (Algorithm 1, line 4), so the step compiles at the real batch,
+    not at the caps (Section 4.2: the whole packed batch must fit at once). Packing is taken
+    as tight (first-fit-decreasing of thousands of sequences wastes little of a row). locoexp's
+    own packer rounds K up to a power of two (compiled shapes reused across steps): a locoexp
+    run of such a batch may hold up to twice these rows."""
+    return max(math.ceil(tokens / devices / row_tokens), 1)
 
 
 def _engine_shape(

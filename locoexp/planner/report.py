@@ -148,7 +148,9 @@ def accumulation_note(setup: Setup, plan: Plan) -> str:
     if lockstep or not setup.trainer.accumulate or plan.trainer_shape.micro_batches == 1:
         return ""
     # the least the layout needs: also with each block rematerialised (the paper's trainer's
-    # remat policy is not stated), a figure to set beside Table 3's 157.6 GiB
+    # remat policy is not stated; tests/test_paper_layout_memory.py sets it beside Table 3's
+    # 157.6 GiB). Not offload: at the real SWE batch of 8 chips it would put 1.4 TiB per device
+    # in host memory, which no v7x host has.
     layouts = [paper_layout(setup), paper_layout(setup, remat=RematPolicy.block)]
     needs = [(_need(resolve_plan(s), setup), s.trainer.remat) for s in layouts]
     need, remat = min(needs, key=lambda pair: pair[0])
