@@ -139,6 +139,20 @@ def test_finished_rows_are_compacted_out_of_the_decode(model, prompts):
     assert runs[Scheduler.continuous].slot_occupancy == pytest.approx(11 / (11 * 4))
 
 
+def test_a_width_reached_from_two_wider_ones_compacts_from_each(model):
+    """16 slots (widths 16, 8, 4): the first call compacts 16 -> 8 -> 4, the second 16 -> 4
+    straight; the second must not reuse the 8 -> 4 program on 16 rows."""
+    forced = SamplingParams(temperature=1.0, ignore_eos=True)
+    engine = make_engine(model, Scheduler.continuous, eos_id=-1, capacity=16)
+    prompts = random_prompts([3] * 16, seed=2)
+    for caps in ([12] + [8] * 4 + [1] * 11, [12] + [1] * 15):
+        out = engine.generate(
+            prompts, key=jax.random.key(3), max_new_tokens=MAX_NEW, sampling=forced,
+            request_caps=caps,
+        )  # fmt: skip
+        np.testing.assert_array_equal(out.lengths, caps)
+
+
 def test_an_unknown_scheduler_is_refused_naming_the_key_and_the_choices():
     # composition names the key and the choices in one sentence (what run.py prints)
     expected = r"rollout.scheduler: Invalid value 'fifo', expected one of \[waves, continuous\]"

@@ -1,6 +1,7 @@
 """Workload W1 on this CPU: matmul roofline, rollout tokens/s, GRPO step by phase, start-up, memory.
 
-    python tools/bench_w1.py [--steps 3] [--repeats 3] [--no-profile] [--json PATH]
+    python tools/bench_w1.py [--steps 3] [--repeats 3] [--no-profile] [--loop-only] [--json PATH]
+    python tools/bench_w1.py --loop-only adapter=lora adapter.rank=64 adapter.alpha=64  # an arm
 
 W1 (issue 2): the Qwen3 architecture at `model=tiny_qwen` (V 151,936, D 256, F 768, 4 layers,
 4 query / 2 KV heads, head_dim 64, tied embeddings, fp32, random init); 8 prompts x 8 samples of
@@ -422,6 +423,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps after step 0")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-part profile")
+    parser.add_argument(
+        "--loop-only",
+        action="store_true",
+        help="only the step loop: step and phase medians, first step, peak RSS (A/B arms such "
+        "as adapter=lora against full fine-tuning, one process each)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides of W1 (A/B runs)")
     return parser.parse_args(argv)
@@ -442,6 +449,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     runner = build_w1_runner(config)
     first_step_s, records = run_steps(runner, build_spec(config).loop, args.steps)
     rss_run = peak_rss_gb()
+    if args.loop_only:
+        report_loop(report, records, first_step_s=first_step_s, rss_gb=rss_run)
+        return write_json(report, args.json)
     n, train = d.prompts_per_step * d.samples_per_prompt, runner.rollout.task.train
     prompts = [train[i % len(train)].prompt_tokens for i in range(n)]  # W1's own prompts
     rollout = bench_rollout(runner, prompts, args.repeats)
@@ -460,9 +470,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"\n{load_averages()} (end); peak RSS at the end of the script "
         f"{report['peak_rss_gb_end']:.2f} GB"
     )
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
+    return write_json(report, args.json)
+
+
+def write_json(report: dict, path: Path | None) -> dict:
+    if path:
+        path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {path}")
+    return report
+
+
+def report_loop(report: dict, records: list[dict], *, first_step_s: float, rss_gb: float) -> dict:
+    """`--loop-only`: print the steady window's step and phase medians, the process age at the
+    end of step 0 and the peak RSS after the loop, with the load averages."""
+    timings = step_timings(records)
+    report.update(first_step_s=first_step_s, peak_rss_gb_run=rss_gb, steps=timings)
+    phases = ", ".join(f"{p} {s:.2f}" for p, s in timings["phases_s"].items())
+    print(
+        f"step {timings['step_s']:.2f} s (median of {timings['steady_steps']} steady steps; "
+        f"CPU {timings['cpu_s']:.2f} s per step; {phases}); first step ends at "
+        f"{first_step_s:.1f} s; peak RSS {rss_gb:.2f} GB; {load_averages()} (end)"
+    )
     return report
 
 

@@ -95,8 +95,8 @@ class SlotPrograms:
         return self._compiled[kind, static]
 
     def jit(self, kind: str, static: tuple):
-        """`start`, `compact` (static: call, width, requests) or `run` (static: call, width,
-        requests, floor, refill)."""
+        """`start` (static: call, width, requests), `compact` (call, width, requests, the width
+        compacted from) or `run` (call, width, requests, floor, refill)."""
         call, width = static[0], static[1]
         common = dict(sampling=call.sampling, eos_id=self.eos_id)
         out = self._slot_shardings()
@@ -216,8 +216,10 @@ def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width
         live = int(np.sum(np.asarray(state.request) < total)) if floor else 0
         if not live:
             break
+        source = static[1]
         static = (call, min(w for w in narrower if w >= live), total)
-        program = slots.program("compact", static, state)
+        # keyed by the width compacted from too: 16 -> 4 and 8 -> 4 take different inputs
+        program = slots.program("compact", (*static, source), state)
         state = clock.timed("decode_s", program, state)
     tokens, logprobs, lengths, counts = jax.device_get(
         (state.tokens, state.logprobs, state.lengths, state.counts)
