@@ -21,6 +21,7 @@ PAPER_SCALE = [
     "cost_to_learn",
     "cost_to_learn_seeds",
     "lever_ablation",
+    "maxtext_gemma4_recipe",
     "model_size",
     "pathways_ratio",
     "scale_controls",
