@@ -22,6 +22,7 @@ PAPER_SCALE = [
     "cost_to_learn_seeds",
     "cost_to_learn_frozen",
     "lever_ablation",
+    "maxtext_gemma4_recipe",
     "model_size",
     "pathways_ratio",
     "scale_controls",

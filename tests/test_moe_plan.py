@@ -1,11 +1,14 @@
-"""The plan counts a mixture-of-experts engine replica exactly: the experts are replicated on
-every device of a tensor-parallel replica (the engine has no expert axis), only attention and
-dense-MLP kernels are split; so Gemma4-26B's float32 weights alone fill a v7x device at TP1."""
+"""The plan counts a mixture-of-experts engine replica exactly: at EP1 the experts are replicated
+on every device of a tensor-parallel replica, only attention and dense-MLP kernels are split, so
+Gemma4-26B's float32 weights alone fill a v7x device at TP1; at EP e each device holds E/e of
+every expert stack, and the dry run of Gemma4-26B on 64 chips fits at the EP it resolves."""
 
 from model_options import load_model_option
 
 from locoexp.model import sizes
 from locoexp.planner.estimate import _engine_weight_elements
+from locoexp.planner.report import describe_plan
+from locoexp.session.build import plan_setup
 
 
 def test_a_tp1_replica_holds_every_parameter():
@@ -25,3 +28,20 @@ def test_gemma4_26b_fp32_weights_alone_fill_a_v7x_device_at_tp1():
     """94.0 GiB of the device's 94.7 (the plan then refuses it and names bfloat16)."""
     config = load_model_option("gemma4_26b")
     assert 93.9 < _engine_weight_elements(config, 1) * 4 / 2**30 < 94.1
+
+
+def test_ep8_holds_an_eighth_of_every_expert_stack():
+    config = load_model_option("gemma4_26b")
+    experts = sizes.count_expert_parameters(config)  # every [E, ...] stack
+    assert (
+        _engine_weight_elements(config, 1, 8) == sizes.count_parameters(config) - experts * 7 // 8
+    )
+
+
+def test_gemma4_26b_on_64_chips_fits_with_expert_parallelism_named(compose):
+    """`python run.py model=gemma4_26b hardware=tpu_v7x_64 dry_run=true`: EP8 over each
+    host's 8 devices (rollout.expert_parallel=0 resolved), in float32."""
+    report = describe_plan(plan_setup(compose(["model=gemma4_26b", "hardware=tpu_v7x_64"])))
+    assert "placement: colocated; fits" in report
+    assert "EP8 (rollout.expert_parallel=0: the most that divide; 16 experts per device)" in report
+    assert "FSDP128 x EP1 (trainer.expert_parallel)" in report

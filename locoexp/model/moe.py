@@ -14,22 +14,59 @@ computes it over every MoE layer: E * sum_e f_e * P_e, with f_e the share of rou
 chose expert e (summing to k) and P_e the mean router probability of e, both over the real
 (non-padding) tokens of all layers. Blocks return `RouterStats` sums that add over layers.
 
-It owns routing and the expert math; it never knows about meshes (expert parallelism shards the
-[E, ...] weights from outside) or losses beyond the router's own statistic.
+Expert parallelism: when the ambient mesh (`jax.set_mesh`, entered by the trainer and the engine
+around their programs, `expert_mesh`) has an `expert` axis of size ep > 1, the stacked [E, ...]
+weights arrive split along E over it (each device holds E/ep experts, laid out by the trainer
+and the engine), and `expert_outputs` runs under `jax.shard_map` manual over that axis only:
+each device takes every token its expert group sees (GSPMD all-gathers tokens that are split
+over `expert`, as the trainer's rows are), computes its own experts' share of every routed pair
+(the pairs routed elsewhere are sorted past its groups and weigh 0) and one all-reduce over
+`expert` sums the shares. The other mesh axes stay automatic. It is dropless, as the one-device
+path: no capacity factor, so the routed buffer per device is every pair of the expert group's
+tokens, [N_group*k, D] (the plan's `_routed_bytes`).
+
+It owns routing and the expert math and the one axis name `expert`; where that axis lies and
+which arrays are split over it is the trainer's and the engine's (`is_expert_stack`); it knows
+no loss beyond the router's own statistic.
 
 Shapes: N tokens, D width, E experts, k experts per token, I expert width.
 """
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as PS
 
 from locoexp.model.config import ModelConfig
 
 Array = jax.Array
+EXPERT = "expert"  # the expert-parallel mesh axis
+# Parameter names of the stacked [E, ...] expert weights (Qwen3-MoE's MoE, Gemma4's experts): a
+# dense MLP's projections of the same names hold a `kernel`, the stacks do not.
+EXPERT_STACKS = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up_proj"})
+
+
+def is_expert_stack(path: tuple) -> bool:
+    """Whether the parameter at `path` (a key path of an nnx.State or pure dict) is an [E, ...]
+    expert stack, the arrays expert parallelism splits along E."""
+    names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+    return bool(names & EXPERT_STACKS) and "kernel" not in names
+
+
+def expert_mesh(mesh: Mesh) -> contextlib.AbstractContextManager:
+    """The context a program over `mesh` is traced in: `mesh` made ambient when it has an
+    expert axis (so `expert_outputs` finds it), nothing otherwise."""
+    return jax.set_mesh(mesh) if EXPERT in mesh.axis_names else contextlib.nullcontext()
+
+
+def _expert_axis_size() -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty or EXPERT not in mesh.axis_names else mesh.shape[EXPERT]
 
 
 @jax.tree_util.register_dataclass
@@ -75,18 +112,50 @@ def expert_outputs(
 ) -> Array:
     """sum_j weights[n, j] * GLU_{experts[n, j]}(x[n]): x [N, D], experts and weights [N, k],
     gate and up [E, D, I], down [E, I, D] -> [N, D], one grouped matmul per projection; the
-    gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4)."""
+    gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4). Under an ambient `expert` axis,
+    each device computes its E/ep experts' share and an all-reduce sums them."""
+    ep = _expert_axis_size()
+    if ep == 1:
+        return _local_outputs(x, experts, weights, gate, up, down, first=0, activation=activation)
+
+    def shard(x, experts, weights, gate, up, down):
+        # Declared varying over `expert` (each device uses them with its own experts): without
+        # it the transposed gather summed x's cotangent wrongly (jax 0.10.2, CPU; tests).
+        x, weights = (jax.lax.pcast(v, EXPERT, to="varying") for v in (x, weights))
+        first = jax.lax.axis_index(EXPERT) * gate.shape[0]
+        out = _local_outputs(
+            x, experts, weights, gate, up, down, first=first, activation=activation
+        )
+        return jax.lax.psum(out, EXPERT)
+
+    split = PS(EXPERT)
+    return jax.shard_map(
+        shard,
+        mesh=jax.sharding.get_abstract_mesh(),
+        in_specs=(PS(), PS(), PS(), split, split, split),
+        out_specs=PS(),
+        axis_names={EXPERT},
+    )(x, experts, weights, gate, up, down)
+
+
+def _local_outputs(x, experts, weights, gate, up, down, *, first, activation) -> Array:
+    """The share of experts [first, first + len(gate)) of every routed pair: pairs routed to
+    other experts sort past the last group (ragged_dot leaves their rows zero) and weigh 0."""
     n, k = experts.shape
-    flat = experts.reshape(-1)
+    local = gate.shape[0]
+    ids = experts - first
+    mine = (ids >= 0) & (ids < local)
+    flat = jnp.where(mine, ids, local).reshape(-1)
     order = jnp.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
     token = order // k
-    group_sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
+    group_sizes = jnp.bincount(flat, length=local + 1)[:local].astype(jnp.int32)
     routed = x[token]  # [N*k, D]: the routed tokens' buffer
     hidden = activation(jax.lax.ragged_dot(routed, gate, group_sizes)) * jax.lax.ragged_dot(
         routed, up, group_sizes
     )
     out = jax.lax.ragged_dot(hidden, down, group_sizes)  # [N*k, D]
-    out = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+    pair_weights = jnp.where(mine, weights, 0.0).reshape(-1)[order]
+    out = out * pair_weights[:, None].astype(out.dtype)
     return jnp.zeros_like(x).at[token].add(out)
 
 

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
@@ -31,7 +29,7 @@ from locoexp.placement.inprocess import InProcess
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.settings import HalvesSpec
 from locoexp.rollout.build import build_engine
-from locoexp.trainer.trainer import Trainer
+from locoexp.trainer.trainer import Trainer, trainer_mesh
 
 
 def build_checked_task(model: ModelConfig, dataset: DatasetConfig) -> Task:
@@ -105,7 +103,7 @@ def build_rollout_half(policy, task: Task, halves: HalvesSpec, *, load=None, **h
 
 def build_trainer_half(policy, halves: HalvesSpec, **half) -> TrainerHalf:
     """The trainer half over every device of this process's `jax.distributed` group."""
-    s, mesh = halves.settings, Mesh(np.array(jax.devices()), ("fsdp",))
+    s, mesh = halves.settings, trainer_mesh(jax.devices(), halves.trainer.expert_parallel)
     trainer = Trainer(
         policy,
         halves.algo,

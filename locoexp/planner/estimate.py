@@ -51,6 +51,16 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
     (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
     log-softmax); on CPU a bfloat16 sampler's programs also hold float32 copies of its weights
     (`_upcast`).
+Mixture of experts (locoexp/model/moe.py; E experts, k per token, I expert width, EP degree e):
+  the [E, ...] expert stacks are split E/e per device (the engine's `rollout.expert_parallel`,
+  the trainer's `trainer.expert_parallel`; FSDP already splits the trainer's, so there EP
+  shrinks only the gathered block); a Qwen3-MoE block has no dense MLP (Gemma4's has both).
+  Routed tokens' buffers (`_routed_per_token`), dropless (no capacity factor): each device
+  takes every token of its expert group (e times its own in the trainer, whose rows are split
+  over `expert`; the engine's replica already shares its rows) and holds, per MoE layer, the
+  routed copies [N*k, D], the experts' gate, up and GLU outputs [N*k, I] each, their output
+  [N*k, D] and the float32 router logits and probabilities [N, E]; the backward pass keeps them
+  per layer, the engine one layer's in a prefill chunk or a decode step.
 """
 
 import dataclasses
@@ -60,6 +70,7 @@ import math
 import jax
 
 from locoexp.model.config import DType, ModelConfig, attention_block
+from locoexp.model.moe import EXPERT
 from locoexp.model.sizes import abstract_params, count_block_parameters, count_embedding_parameters
 from locoexp.rollout.sharding import TENSOR, param_spec
 from locoexp.trainer.config import AttentionKind, RematPolicy
@@ -101,6 +112,7 @@ class TrainerShape:
     # subexpression elimination, which then folds the recomputed forward into the original;
     # memory_analysis() is the same for none, block and save_matmuls, tests/test_planner_xla.py).
     remat_erased: bool = False
+    expert_parallel: int = 1  # e, the trainer's `expert` axis
 
     @property
     def micro_batches(self) -> int:
@@ -149,13 +161,33 @@ def _block_elements_per_token(c: ModelConfig) -> int:
     block input and its norm (2D), q and k before the q/k norm and after RoPE, v, the o_proj
     input (Hh), the residual and its norm (2D), gate, up and their product (3F)."""
     qk = (c.num_heads + c.num_kv_heads) * c.head_dim * (2 if c.qk_norm else 1)
+    dense_mlp = 0 if c.moe and not c.gemma4 else 3 * c.mlp_dim  # Qwen3-MoE: experts only
     return (
-        4 * c.hidden_dim
-        + qk
-        + c.num_kv_heads * c.head_dim
-        + c.num_heads * c.head_dim
-        + (3 * c.mlp_dim)
+        4 * c.hidden_dim + qk + c.num_kv_heads * c.head_dim + c.num_heads * c.head_dim + dense_mlp
     )
+
+
+def _routed_per_token(
+    c: ModelConfig, expert_parallel: int, *, dense_groups: bool, gathered: bool = True
+) -> int:
+    """Bytes of one MoE layer's routed buffers per token of the device's own (see the module
+    docstring): the k routed copies of the token and their combined output (2D), the gate, up
+    and GLU activations (3I), at `a`, for every token of the expert group (e of them per own
+    token; `gathered=False` for the engine, whose expert group shares its rows), and the
+    float32 router logits and probabilities (2E). 0 for a dense model.
+    `dense_groups`: the backend lowers `ragged_dot` as a matmul against every local expert,
+    masked (XLA on CPU; a TPU runs grouped matmuls), so the gate, up and down outputs exist
+    E/e times: [E/e, N*k, I] twice and [E/e, N*k, D]. Measured (a 2-layer Qwen3-MoE, 8 experts,
+    2 rows of 256 tokens x 4, tests/test_moe_plan_xla.py): 18.5 KB per token and layer beyond
+    the dense terms, against 18.2 KB counted so."""
+    if not c.moe:
+        return 0
+    k, d, i = c.experts_per_token, c.hidden_dim, c.expert_mlp_dim
+    routed = k * (2 * d + 3 * i)
+    if dense_groups:
+        routed = k * (2 * d + i + c.num_experts // expert_parallel * (2 * i + d))
+    group = expert_parallel if gathered else 1
+    return group * routed * BYTES[c.param_dtype] + 2 * c.num_experts * F32
 
 
 def _float32_copies_per_token(c: ModelConfig) -> int:
@@ -188,7 +220,9 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     match shape.remat:
         case RematPolicy.none:
             per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
-            per_block += _float32_copies_per_token(c)
+            per_block += _float32_copies_per_token(c) + _routed_per_token(
+                c, shape.expert_parallel, dense_groups=shape.float32_matmuls
+            )
         case RematPolicy.block:
             per_block = c.hidden_dim * a
         case RematPolicy.save_matmuls:  # XLA keeps the float32 copies too (measured)
@@ -204,7 +238,9 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         return 0  # already counted in what every block keeps
     a = BYTES[c.param_dtype]
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
-    recomputed += _float32_copies_per_token(c)
+    recomputed += _float32_copies_per_token(c) + _routed_per_token(
+        c, shape.expert_parallel, dense_groups=shape.float32_matmuls
+    )
     if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
         recomputed += _matmul_outputs_per_token(c) * a
     return recomputed
@@ -259,7 +295,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         optimizer=2 * shard,
         reference=shard if shape.kl_reference else 0,
         inputs=shape.rows * shape.row_tokens * 3 * 4 + shape.loss_slots * 5 * 4,
-        gathered_block=count_block_parameters(c) * a if dt > 1 else 0,
+        gathered_block=_gathered_block(c, shape.expert_parallel) * a if dt > 1 else 0,
         activations=tokens * (_saved_per_token(c, shape) + _working_per_token(c, shape))
         + _attention_tiles(c, shape),
         head_gradient=_head_gradient(c, micro=micro, devices=dt),
@@ -269,6 +305,14 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         upcast=_trainer_upcast(c, n, shape),
         merged=base if shape.adapter_parameters else 0,
     )
+
+
+def _gathered_block(c: ModelConfig, expert_parallel: int) -> int:
+    """Elements of the layer FSDP gathers: the whole block, its experts E/e (each device's
+    `expert` slice; the routed tokens come to them)."""
+    if not c.moe:
+        return count_block_parameters(c)
+    return count_block_parameters(c, experts=c.num_experts // expert_parallel)
 
 
 def _trainer_upcast(c: ModelConfig, n: int, shape: TrainerShape) -> int:
@@ -298,6 +342,7 @@ class EngineShape:
     continuous_requests: int = 0
     # the backend computes the sampler's bfloat16 matmuls in float32 (XLA on CPU): `_upcast`
     float32_matmuls: bool = False
+    expert_parallel: int = 1  # e: each replica is e x t devices, the experts split E/e
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -323,12 +368,12 @@ class EngineMemory:
         return self.weights + self.kv_cache + transient + self.outputs
 
 
-def _engine_weight_elements(c: ModelConfig, t: int) -> int:
-    """Elements per device of a TP-t replica (locoexp/rollout/sharding.py): q, o and the MLP
-    split over t; k and v split too while t <= K, replicated above; embeddings and norms
+def _engine_weight_elements(c: ModelConfig, t: int, e: int = 1) -> int:
+    """Elements per device of a TP-t (EP-e) replica (locoexp/rollout/sharding.py): q, o and the
+    MLP split over t; k and v split too while t <= K, replicated above; embeddings and norms
     replicated. Mixture-of-experts and Gemma4 models are read off the traced model instead."""
     if c.moe or c.gemma4:
-        return _traced_engine_weight_elements(dataclasses.astuple(c), t)
+        return _traced_engine_weight_elements(dataclasses.astuple(c), t, e)
     q_o = 2 * c.hidden_dim * c.num_heads * c.head_dim // t
     k_v = 2 * c.hidden_dim * c.num_kv_heads * c.head_dim // (t if t <= c.num_kv_heads else 1)
     mlp = 3 * c.hidden_dim * c.mlp_dim // t
@@ -338,16 +383,17 @@ def _engine_weight_elements(c: ModelConfig, t: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _traced_engine_weight_elements(fields: tuple, t: int) -> int:
-    """Per-device elements of a TP-t replica of the model whose `ModelConfig` fields are
+def _traced_engine_weight_elements(fields: tuple, t: int, e: int) -> int:
+    """Per-device elements of a TP-t, EP-e replica of the model whose `ModelConfig` fields are
     `fields`, from its traced parameters and the engine's own layouts (`param_spec`): the
-    stacked experts [E, ...] are replicated on every device (the engine has no expert axis),
-    Gemma4's global layers have their own shapes."""
+    stacked experts [E, ...] split E/e (replicated over TP), Gemma4's global layers have their
+    own shapes."""
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     c = ModelConfig(**dict(zip(names, fields, strict=True)))
     total = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(c)):
-        split = t if TENSOR in param_spec(path, c, t) else 1
+        spec = param_spec(path, c, t, experts=e > 1)
+        split = t if TENSOR in spec else e if EXPERT in spec else 1
         total += math.prod(leaf.shape) // split
     return total
 
@@ -356,17 +402,24 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     """Bytes per device of one TP shard of an engine replica in one wave."""
     t, a, s = shape.tensor_parallel, BYTES[shape.dtype], shape.sequences_per_replica
     slots = shape.prompt_tokens + shape.new_tokens
-    weights = _engine_weight_elements(c, t) * a
+    weights = _engine_weight_elements(c, t, shape.expert_parallel) * a
     kv_heads = math.ceil(c.num_kv_heads / t)
     kv_cache = s * (shape.prompt_tokens + shape.new_tokens) * c.num_layers * 2 * kv_heads
     kv_cache *= c.head_dim * a
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)
+    sampler = dataclasses.replace(c, param_dtype=shape.dtype)
+    # dense_groups=False: the engine's forward-only programs never hold the masked [E/e, N*k,
+    # I] products at once (XLA on CPU, a tiny Qwen3-MoE wave: plan / XLA 0.92 without them,
+    # 1.87 with; tests/test_moe_plan_xla.py)
+    routed = _routed_per_token(sampler, shape.expert_parallel, dense_groups=False, gathered=False)
     return EngineMemory(
         weights=weights,
         kv_cache=kv_cache,
-        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32 + kv_cache,
-        decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32,
+        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32
+        + kv_cache
+        + s * chunk * routed,
+        decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32 + s * routed,
         outputs=_engine_outputs(shape),
         compaction=kv_cache // 2 if shape.continuous_requests else 0,
         prefill_upcast=_upcast(c, shape, decode=False),
@@ -399,7 +452,7 @@ def _upcast(c: ModelConfig, shape: EngineShape, *, decode: bool) -> int:
     Qwen3-0.6B, tied, 2 sequences: decode 3.63 GB beside 1.19 GB of bfloat16 weights."""
     if not shape.float32_matmuls or shape.dtype != DType.bfloat16:
         return 0
-    elements = _engine_weight_elements(c, shape.tensor_parallel)
+    elements = _engine_weight_elements(c, shape.tensor_parallel, shape.expert_parallel)
     if decode and c.tie_embeddings:
         elements += 2 * c.vocab_size * c.hidden_dim
     return elements * F32

@@ -26,6 +26,7 @@ from locoexp.planner.plan import (
     fits,
     shared_memory,
 )
+from locoexp.rollout import sharding
 from locoexp.trainer.config import AttentionKind, RematPolicy, TrainerConfig
 
 # hardware=cpu: a micro-batch stops growing once its activations would pass this. On a CPU a
@@ -72,6 +73,18 @@ def check_tensor_parallel(setup: Setup) -> None:
         f"rollout.tensor_parallel={t} must divide model.num_kv_heads={kv} or be a multiple of "
         f"it (each device keeps whole KV heads): valid TP degrees are {valid}.",
     )
+
+
+def check_expert_parallel(setup: Setup) -> None:
+    """Refuse an EP degree the experts or the devices it splits them over cannot take: the
+    engine's replica (its devices / TP) and the trainer's devices."""
+    m, r = setup.model, setup.rollout
+    replica = max(setup.engine_devices // r.tensor_parallel, 1)
+    engine_ep = setup.engine_expert_parallel
+    sharding.check_expert_parallel(m, "rollout.expert_parallel", engine_ep, replica)
+    trainer_devices = setup.layout.trainer_hosts * setup.hardware.devices_per_host
+    ep = setup.trainer.expert_parallel
+    sharding.check_expert_parallel(m, "trainer.expert_parallel", ep, trainer_devices)
 
 
 def _largest(low: int, high: int, ok) -> int | None:
@@ -276,8 +289,9 @@ def _fewest_hosts(setup: Setup) -> tuple[str, Setup] | None:
 
 
 def check_fit(setup: Setup) -> Plan:
-    """The resolved plan; refuses a TP degree or a role that does not fit, naming a fix."""
+    """The resolved plan; refuses a TP or EP degree or a role that does not fit, naming a fix."""
     check_tensor_parallel(setup)
+    check_expert_parallel(setup)
     plan = resolve_plan(setup)
     trainer_ok, engine_ok = fits(plan, setup.hardware)
     if trainer_ok and engine_ok:

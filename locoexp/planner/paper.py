@@ -9,8 +9,8 @@ of locoexp reproduces them exactly (Table H1's 405B cells: a compiler flag, q/k/
 """
 
 # The experiment files of the paper's grids (Tables 3, F1, H1, H2, E1-E3, I1, I5 (its frozen
-# recipe too), App. I.2, B1
-# and Section 4.1's 64-chip TP sweep); each has a _cpu variant of the same shape.
+# recipe too), App. I.2, B1, Section 4.1's 64-chip TP sweep, and App. G's MaxText Gemma4
+# recipe, Table G1); each has a _cpu variant of the same shape.
 PAPER_EXPERIMENTS = (
     "stack_comparison",
     "co_vs_da",
@@ -23,6 +23,7 @@ PAPER_EXPERIMENTS = (
     "cost_to_learn_seeds",
     "cost_to_learn_frozen",
     "lever_ablation",
+    "maxtext_gemma4_recipe",
 )
 # Overrides that repeat a cell (launches, seeds) or select the file, not part of its name.
 REPEATS = ("launch=", "seed=", "+experiment=", "dry_run=")

@@ -30,6 +30,7 @@ from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
 from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler
 from locoexp.rollout.engine import padded_prompt_tokens
+from locoexp.rollout.sharding import resolve_expert_parallel
 from locoexp.trainer.config import TrainerConfig
 
 PROCESS_OVERHEAD_GIB = 0.5
@@ -92,6 +93,7 @@ def _trainer_shape(
     kl: bool,
     xla_cpu: bool,
     adapter_parameters: int = 0,
+    expert_parallel: int = 1,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
     worst case), and packing rounds rows per device up to a power of two. The paper's layout
@@ -117,6 +119,7 @@ def _trainer_shape(
         adapter_parameters=adapter_parameters,
         float32_matmuls=xla_cpu,
         remat_erased=xla_cpu,
+        expert_parallel=expert_parallel,
     )
 
 
@@ -139,6 +142,7 @@ def _engine_shape(
     sequences: int,
     requests: int,
     float32_matmuls: bool,
+    expert_parallel: int = 1,
 ) -> EngineShape:
     continuous = rollout.engine is EngineKind.jax and rollout.scheduler is Scheduler.continuous
     return EngineShape(
@@ -150,6 +154,7 @@ def _engine_shape(
         dtype=rollout.param_dtype or model.param_dtype,
         float32_matmuls=float32_matmuls,
         continuous_requests=requests if continuous else 0,
+        expert_parallel=expert_parallel,
     )
 
 
@@ -175,8 +180,15 @@ class Setup:
         return self.layout.rollout_hosts // self.layout.hosts_per_engine
 
     @property
+    def engine_expert_parallel(self) -> int:
+        """The engine's EP degree (`rollout.expert_parallel`; 0 resolved as the engine does)."""
+        replica = max(self.engine_devices // self.rollout.tensor_parallel, 1)
+        return resolve_expert_parallel(self.model, self.rollout.expert_parallel, replica)
+
+    @property
     def replicas(self) -> int:
-        return max(self.engine_devices // self.rollout.tensor_parallel, 1)
+        tp, ep = self.rollout.tensor_parallel, self.engine_expert_parallel
+        return max(self.engine_devices // (tp * ep), 1)
 
     @property
     def requests_per_engine(self) -> int:
@@ -198,6 +210,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         kl=setup.kl_reference,
         xla_cpu=cpu,
         adapter_parameters=setup.adapter.count_parameters(m),
+        expert_parallel=setup.trainer.expert_parallel,
     )
     eshape = _engine_shape(
         m,
@@ -206,6 +219,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         sequences=per_replica,
         requests=setup.requests_per_engine,
         float32_matmuls=cpu,
+        expert_parallel=setup.engine_expert_parallel,
     )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
     engine = estimate.estimate_engine(m, eshape)

@@ -60,13 +60,36 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
             f"{_gib(plan.publication)}"
         )
     return (
-        f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} (FSDP), "
+        f"trainer: {_n(roles.trainer_hosts, 'host')}, {_n(s.devices, 'device')} "
+        f"({_trainer_parallelism(setup, s)}), "
         f"{s.rows} rows x {s.row_tokens} tokens per device in {_n(s.micro_batches, 'micro-batch')}"
         f" of {s.micro_batch_rows} (trainer.micro_batch_rows), attention={s.attention.value}, "
         f"remat={s.remat.value}{_erased(s)}; {_gib(plan.trainer_peak)} GiB per device = "
         + " + ".join(terms)
         + tail
     )
+
+
+def _trainer_parallelism(setup: Setup, s: TrainerShape) -> str:
+    """FSDP, and for a mixture-of-experts model its expert parallelism."""
+    if not setup.model.moe:
+        return "FSDP"
+    ep = s.expert_parallel
+    return (
+        f"FSDP{s.devices // ep} x EP{ep} (trainer.expert_parallel): "
+        f"{setup.model.num_experts // ep} of {setup.model.num_experts} experts per device"
+        + (" before FSDP" if ep > 1 else ", FSDP-split")
+    )
+
+
+def _engine_experts(setup: Setup, s) -> str:
+    """A mixture-of-experts engine's EP degree, given or resolved from 0 ("EP8 (...) x ")."""
+    if not setup.model.moe:
+        return ""
+    given = "rollout.expert_parallel"
+    given += "" if setup.rollout.expert_parallel else "=0: the most that divide"
+    experts = setup.model.num_experts // s.expert_parallel
+    return f"EP{s.expert_parallel} ({given}; {experts} experts per device) x "
 
 
 def _object_store(plan: Plan) -> str:
@@ -103,8 +126,8 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
     return (
         f"rollout: {_n(roles.rollout_hosts, 'host')}, {_n(plan.engines, 'engine')} of "
         f"{_n(setup.engine_devices, 'device')}, DP{plan.replicas_per_engine} x "
-        f"TP{s.tensor_parallel}, {s.dtype.value} sampler; {plan.requests_per_engine} requests per "
-        f"engine{busiest} {_batching(plan, s)}, "
+        f"{_engine_experts(setup, s)}TP{s.tensor_parallel}, {s.dtype.value} sampler; "
+        f"{plan.requests_per_engine} requests per engine{busiest} {_batching(plan, s)}, "
         f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
         + " + ".join(terms)
     )

@@ -46,6 +46,13 @@ class RolloutConfig:
     # a copy of the one KV head its query heads read (as vLLM does), so TP must then be a
     # multiple of the KV heads; below, it must divide them.
     tensor_parallel: int = 1
+    # EP degree per engine replica of a mixture-of-experts model: each replica becomes EP x TP
+    # devices with the [E, ...] expert weights split E/EP per device over an `expert` mesh axis
+    # and the routed tokens summed over it by one all-reduce per MoE layer (locoexp/rollout/
+    # sharding.py). It must divide model.num_experts and the engine's devices / TP. 0 = the most
+    # that divide both (MaxText's Gemma4-26B recipe samples at EP8 x TP1); a dense model runs
+    # at 1.
+    expert_parallel: int = 0
     # Prompts are padded to the next power of two, at least this long, so a run compiles few shapes.
     prompt_bucket_tokens: int = 16
     # The JAX engine prefills prompts in chunks of this many tokens per sequence, so attention
@@ -99,6 +106,11 @@ class RolloutConfig:
         require(
             self.tensor_parallel >= 1,
             f"rollout.tensor_parallel={self.tensor_parallel} must be >= 1.",
+        )
+        require(
+            self.expert_parallel >= 0,
+            f"rollout.expert_parallel={self.expert_parallel} must be >= 0 (0 = the most that "
+            "divide model.num_experts and the engine's devices / TP).",
         )
         require(
             self.prompt_bucket_tokens >= 1,

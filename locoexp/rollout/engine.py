@@ -7,12 +7,11 @@ ends, or continuous batching, where a finished row's slot takes the next waiting
 device and the last rows are compacted into narrower programs. Programs are compiled ahead of
 their first timed call, so `Rollout.prefill_s` and `Rollout.decode_s` hold device time only,
 compiles excluded.
-
-The engine spans the devices it is given (one host's local devices under `co`, the single
-controller's devices otherwise): n / TP data-parallel replicas of `rollout.tensor_parallel`
-devices each (layouts in locoexp/rollout/sharding.py). It runs in `rollout.param_dtype` (default
-the model's); `load_weights` casts published weights into it. It never trains and never knows
-about other hosts.
+ The engine spans the devices it is given (one host's local devices under `co`, the single
+controller's devices otherwise): n / (EP x TP) data-parallel replicas of `rollout.expert_parallel` x
+`rollout.tensor_parallel` devices each (layouts in locoexp/rollout/sharding.py; EP only for a
+mixture-of-experts model). It runs in `rollout.param_dtype` (default the model's); `load_weights`
+casts published weights into it. It never trains and never knows about other hosts.
 
 Memory per device, for the planner (a = bytes per element of the engine dtype; n devices, TP t,
 r = n / t replicas; N requests; H/K query/KV heads, h head_dim, D width, F MLP width, V
@@ -129,6 +128,12 @@ class JaxEngine:
     ):
         tp = config.tensor_parallel
         sharding.check_tensor_parallel(model.config, tp, len(devices))
+        ep = sharding.resolve_expert_parallel(
+            model.config, config.expert_parallel, len(devices) // tp
+        )
+        sharding.check_expert_parallel(
+            model.config, "rollout.expert_parallel", ep, len(devices) // tp
+        )
         self.config, self.eos_id, self.pad_id = config, eos_id, pad_id
         self.dtype = jnp.dtype((config.param_dtype or model.config.param_dtype).value)
         self.model_config = dataclasses.replace(
@@ -137,7 +142,7 @@ class JaxEngine:
         self.graphdef, abstract = nnx.split(
             nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0))), nnx.Param
         )
-        self.mesh = sharding.engine_mesh(devices, tp)
+        self.mesh = sharding.engine_mesh(devices, tp, ep)
         self._replicated = NamedSharding(self.mesh, PS())
         self._rows = NamedSharding(self.mesh, PS(sharding.DATA))
         self._param_shardings = sharding.param_shardings(abstract, self.mesh, self.model_config, tp)

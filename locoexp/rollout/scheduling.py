@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
+from locoexp.model.moe import expert_mesh
 from locoexp.rollout import decode as programs
 from locoexp.rollout import sharding
 from locoexp.rollout.config import Scheduler
@@ -91,7 +92,9 @@ class SlotPrograms:
     def program(self, kind: str, static: tuple, *args):
         """The compiled `kind` program of `static` settings, compiled on first use."""
         if (kind, static) not in self._compiled:
-            self._compiled[kind, static] = self.jit(kind, static).lower(*args).compile()
+            with expert_mesh(self.mesh):  # traced where MoE layers find the expert axis
+                lowered = self.jit(kind, static).lower(*args)
+            self._compiled[kind, static] = lowered.compile()
         return self._compiled[kind, static]
 
     def jit(self, kind: str, static: tuple):

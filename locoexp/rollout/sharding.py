@@ -10,11 +10,16 @@ devices under `co`, consecutive hosts' devices on a single controller whose devi
   query heads read (k/v projections replicated, the cache holding each KV head TP/K times),
   as vLLM does;
 - embedding, output head and norms replicated.
-Rows (sequences) are split over the data axis. XLA (GSPMD) partitions the programs from these
-layouts; the engine compiles them with these shardings at their boundaries.
-
-It owns layouts only: it never compiles, transfers or generates.
+A mixture-of-experts model's engine may also split its experts: each replica is then an
+(expert, tensor) grid of EP x TP devices (`rollout.expert_parallel`), the [E, ...] expert stacks
+split along E over `expert` (replicated over `tensor`), everything else laid out as above and
+replicated over `expert`; the routed tokens meet their experts by one all-reduce over `expert`
+per MoE layer (locoexp/model/moe.py). Rows (sequences) are split over the data axis.
+XLA (GSPMD) partitions the programs from these layouts; the engine compiles them with these
+shardings at their boundaries.  It owns layouts only: it never compiles, transfers or generates.
 """
+
+import math
 
 import jax
 import numpy as np
@@ -23,6 +28,7 @@ from jax.sharding import PartitionSpec as PS
 
 from locoexp.errors import require
 from locoexp.model.config import ModelConfig
+from locoexp.model.moe import EXPERT, is_expert_stack
 
 DATA, TENSOR = "data", "tensor"
 
@@ -40,21 +46,50 @@ def check_tensor_parallel(model: ModelConfig, tensor_parallel: int, devices: int
     )
 
 
+def resolve_expert_parallel(model: ModelConfig, expert_parallel: int, replica_devices: int) -> int:
+    """The engine's EP degree: `rollout.expert_parallel`, or with 0 the most that divide both
+    the experts and the `replica_devices` (the engine's devices / TP); 1 for a dense model."""
+    if not model.moe:
+        return 1
+    return expert_parallel or math.gcd(model.num_experts, replica_devices)
+
+
+def check_expert_parallel(model: ModelConfig, key: str, ep: int, devices: int) -> None:
+    """Refuse an EP degree (config key `key`) the experts or the `devices` cannot take."""
+    require(
+        ep == 1 or model.moe,
+        f"{key}={ep} needs a mixture-of-experts model: model={model.name} has no experts (use 1).",
+    )
+    valid = [e for e in range(1, devices + 1) if model.num_experts % e == 0 and devices % e == 0]
+    require(
+        not model.moe or ep in valid,
+        f"{key}={ep} must divide model.num_experts={model.num_experts} and the {devices} "
+        f"devices it splits the experts over: valid degrees are {', '.join(map(str, valid))}.",
+    )
+
+
 def cache_heads(model: ModelConfig, tensor_parallel: int) -> int:
     """Heads per layer of the engine's KV cache: the KV heads, or TP when TP exceeds them."""
     return max(model.num_kv_heads, tensor_parallel)
 
 
-def engine_mesh(devices, tensor_parallel: int) -> Mesh:
-    """(data, tensor) mesh over `devices`, TP consecutive devices per replica. Axes are Auto
-    (XLA propagates the layouts below through the programs), named so explicitly because
+def engine_mesh(devices, tensor_parallel: int, expert_parallel: int = 1) -> Mesh:
+    """(data, tensor) mesh over `devices`, TP consecutive devices per replica; with EP > 1
+    (data, expert, tensor), EP x TP consecutive devices per replica. Axes are Auto (XLA
+    propagates the layouts below through the programs), named so explicitly because
     jax.make_mesh defaults to Explicit axes."""
-    grid = np.array(devices).reshape(-1, tensor_parallel)
-    return Mesh(grid, (DATA, TENSOR), axis_types=(AxisType.Auto, AxisType.Auto))
+    if expert_parallel == 1:
+        grid = np.array(devices).reshape(-1, tensor_parallel)
+        return Mesh(grid, (DATA, TENSOR), axis_types=(AxisType.Auto,) * 2)
+    grid = np.array(devices).reshape(-1, expert_parallel, tensor_parallel)
+    return Mesh(grid, (DATA, EXPERT, TENSOR), axis_types=(AxisType.Auto,) * 3)
 
 
-def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int) -> PS:
-    """PartitionSpec of the parameter at `path` (a key path of an nnx.State or a pure dict)."""
+def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int, experts: bool = False) -> PS:
+    """PartitionSpec of the parameter at `path` (a key path of an nnx.State or a pure dict);
+    with `experts` (an expert axis) the [E, ...] stacks split along E."""
+    if is_expert_stack(path):
+        return PS(EXPERT) if experts else PS()
     names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
     if tensor_parallel > model.num_kv_heads and names & {"k_proj", "v_proj"}:
         return PS()  # every device computes all KV heads and keeps the one it reads
@@ -67,8 +102,10 @@ def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int) -> PS:
 
 def param_shardings(params, mesh: Mesh, model: ModelConfig, tensor_parallel: int):
     """A tree of NamedShardings matching `params` (an nnx.State or pure dict of the Params)."""
+    experts = EXPERT in mesh.axis_names
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: NamedSharding(mesh, param_spec(path, model, tensor_parallel)), params
+        lambda path, _: NamedSharding(mesh, param_spec(path, model, tensor_parallel, experts)),
+        params,
     )
 
 

@@ -64,6 +64,14 @@ class TrainerConfig:
     # fit at once; Table 3: SWE at 8 chips does not fit). The plan then sizes one micro-batch of
     # every row, and the dry run of a default run says when a cell fits only by accumulating.
     accumulate: bool = True
+    # Expert parallelism of a mixture-of-experts model: the trainer's devices form an (fsdp,
+    # expert) mesh with EP devices along `expert`; the [E, ...] expert weights and their AdamW
+    # state are split E/EP along it (and FSDP along their largest other dimension), every other
+    # parameter FSDP over all devices, rows over all devices; each MoE layer gathers its expert
+    # group's tokens, computes its own experts' share and sums the shares with one all-reduce
+    # (locoexp/model/moe.py). It must divide model.num_experts and the trainer's devices.
+    # 1 = FSDP alone (the experts are gathered whole for their layer, as every weight is).
+    expert_parallel: int = 1
 
     def __post_init__(self):
         require(
@@ -89,6 +97,10 @@ class TrainerConfig:
             f"trainer.micro_batch_rows={self.micro_batch_rows} needs trainer.accumulate=true: "
             "trainer.accumulate=false (the paper's layout) trains every row in one pass; set "
             "trainer.micro_batch_rows=0.",
+        )
+        require(
+            self.expert_parallel >= 1,
+            f"trainer.expert_parallel={self.expert_parallel} must be a positive integer.",
         )
 
 

@@ -1,12 +1,13 @@
 """The train step (Algorithm 1, line 5): one forward/backward and one AdamW update, FSDP-sharded.
 
-The trainer holds the policy parameters and optimizer state sharded over a mesh axis `fsdp`
-(each parameter split along its largest dimension that the device count divides), takes a
-`PackedBatch`, places it as the step's pytree `TrainBatch` (rows and loss slots split over
-`fsdp`) and returns scalar metrics. Memory knobs (`TrainerConfig`): the attention kernel,
-per-block rematerialisation and micro-batches with gradient accumulation (`trainer/micro.py`).
-It never generates and never knows about placement; `params` is what weight publication hands
-to the engines.
+The trainer holds the policy parameters and optimizer state sharded over a mesh axis `fsdp` (each
+parameter split along its largest dimension that the device count divides), takes a `PackedBatch`,
+places it as the step's pytree `TrainBatch` (rows and loss slots split over `fsdp`) and returns
+scalar metrics. A mixture-of-experts policy may add an `expert` axis (`trainer.expert_parallel`,
+`trainer_mesh`): its expert stacks split E/EP along it, FSDP along `fsdp`, everything else and the
+rows over both axes together. Memory knobs (`TrainerConfig`): the attention kernel, per-block
+rematerialisation and micro-batches with gradient accumulation (`trainer/micro.py`). It never
+generates and never knows about placement; `params` is what weight publication hands to the engines.
 
 With `adapter=lora` the base weights are frozen (`frozen`, never differentiated, no optimizer
 state) and only the LoRA factors (`trainable`) train; `params` is then the merged policy
@@ -32,6 +33,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.algo.grpo import loss_denominator
 from locoexp.model.attention import AttentionSpec
 from locoexp.model.config import AttentionKind, RematPolicy
+from locoexp.model.moe import EXPERT, expert_mesh, is_expert_stack
 from locoexp.model.transformer import Transformer, router_loss
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 from locoexp.trainer.head import HeadLossSpec, head_grads_at_slots, head_loss, slot_fields
@@ -44,12 +46,33 @@ from locoexp.trainer.micro import (
 from locoexp.trainer.packing import ROW_FIELDS, PackedBatch, PackedRows, TrainBatch, train_view
 
 
-def fsdp_spec(shape: tuple[int, ...], devices: int) -> PS:
+def fsdp_spec(shape: tuple[int, ...], devices: int, axis_name: str | tuple = "fsdp") -> PS:
     """Shard the largest dimension that `devices` divides; replicate when none does."""
     for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
         if devices > 1 and shape[axis] % devices == 0:
-            return PS(*[("fsdp" if a == axis else None) for a in range(len(shape))])
+            return PS(*[(axis_name if a == axis else None) for a in range(len(shape))])
     return PS()
+
+
+def trainer_mesh(devices, expert_parallel: int = 1) -> Mesh:
+    """The trainer's mesh over `devices`: one `fsdp` axis, or (fsdp, expert) with EP
+    consecutive devices along `expert` (`trainer.expert_parallel`)."""
+    if expert_parallel == 1:
+        return Mesh(np.array(devices), ("fsdp",))
+    return Mesh(np.array(devices).reshape(-1, expert_parallel), ("fsdp", EXPERT))
+
+
+def _all_devices(mesh: Mesh) -> str | tuple[str, ...]:
+    """The axis name (or names) that together span every device of `mesh`."""
+    return mesh.axis_names[0] if len(mesh.axis_names) == 1 else tuple(mesh.axis_names)
+
+
+def param_spec(path: tuple, shape: tuple[int, ...], mesh: Mesh) -> PS:
+    """An expert stack [E, ...] splits E over `expert` and FSDP over `fsdp`; any other
+    parameter (and every one on a mesh without an expert axis) FSDP over all devices."""
+    if EXPERT in mesh.axis_names and is_expert_stack(path):
+        return PS(EXPERT, *fsdp_spec(shape[1:], mesh.shape["fsdp"]))
+    return fsdp_spec(shape, mesh.devices.size, _all_devices(mesh))
 
 
 def build_optimizer(algo: AlgoConfig) -> optax.GradientTransformation:
@@ -140,7 +163,7 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
     over `fsdp` along their first axis, the normalizer on every device."""
 
     def split(ndim: int) -> NamedSharding:
-        return NamedSharding(mesh, PS("fsdp", *([None] * (ndim - 1))))
+        return NamedSharding(mesh, PS(_all_devices(mesh), *([None] * (ndim - 1))))
 
     return TrainBatch(
         **{name: split(2) for name in ROW_FIELDS},
@@ -154,8 +177,10 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 
 
 def shard_like_fsdp(mesh: Mesh, state) -> object:
-    """Each leaf's `fsdp_spec` sharding on `mesh`."""
-    return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(x.shape, mesh.devices.size)), state)
+    """Each leaf's `param_spec` sharding on `mesh`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, param_spec(path, x.shape, mesh)), state
+    )
 
 
 class Trainer:
@@ -389,9 +414,10 @@ class Trainer:
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns host-side scalar metrics."""
         placed = self.device_batch(batch)
-        self.trainable, self.opt_state, metrics = self._step(
-            self.trainable, self.opt_state, self.frozen, placed, self.reference
-        )
+        with expert_mesh(self.mesh):
+            self.trainable, self.opt_state, metrics = self._step(
+                self.trainable, self.opt_state, self.frozen, placed, self.reference
+            )
         self.steps_done += 1
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -419,16 +445,23 @@ class Trainer:
     def loss_and_grads(self, batch: PackedBatch):
         """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
         placed = self.device_batch(batch)
-        return jax.jit(self._loss_and_grads)(self.trainable, self.frozen, placed, self.reference)
+        with expert_mesh(self.mesh):
+            return jax.jit(self._loss_and_grads)(
+                self.trainable, self.frozen, placed, self.reference
+            )
 
     def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
         """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
         placed = self.device_batch(batch)
-        return self._step.lower(self.trainable, self.opt_state, self.frozen, placed, self.reference)
+        with expert_mesh(self.mesh):
+            return self._step.lower(
+                self.trainable, self.opt_state, self.frozen, placed, self.reference
+            )
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
         """The trainer's recomputation of this process's loss targets' log-probs [K]."""
-        values = self._logprobs(self.trainable, self.frozen, self.device_batch(batch))
+        with expert_mesh(self.mesh):
+            values = self._logprobs(self.trainable, self.frozen, self.device_batch(batch))
         if values.is_fully_addressable:
             return np.asarray(values)
         local = [

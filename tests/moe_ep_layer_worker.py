@@ -1,0 +1,66 @@
+"""Run in a subprocess by tests/test_moe_expert_parallel.py, with 4 CPU devices set before jax
+starts: one MoE layer's routed output (`moe.expert_outputs`) and its gradients with respect to
+the tokens, the routing weights and the expert stacks, on one device and under an (fsdp,
+expert) mesh at EP2 and EP4 with the trainer's layouts (tokens split over every device, the
+stacks along `expert`). Writes them to an .npz file (argument 1)."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as PS  # noqa: E402
+
+from locoexp.model.moe import EXPERT, expert_mesh, expert_outputs  # noqa: E402
+from locoexp.trainer.trainer import trainer_mesh  # noqa: E402
+
+E, D, WIDTH, N, K = 8, 16, 12, 32, 2  # experts, width, expert width, tokens, per token
+
+
+def inputs():
+    keys = jax.random.split(jax.random.key(0), 6)
+    x = jax.random.normal(keys[0], (N, D))
+    gate, up = (jax.random.normal(k, (E, D, WIDTH)) * 0.3 for k in keys[1:3])
+    down = jax.random.normal(keys[3], (E, WIDTH, D)) * 0.3
+    experts = jax.vmap(lambda k: jax.random.permutation(k, E)[:K])(jax.random.split(keys[4], N))
+    weights = jax.nn.softmax(jax.random.normal(keys[5], (N, K)))
+    return x, weights, gate, up, down, experts
+
+
+def loss(x, weights, gate, up, down, experts):
+    out = expert_outputs(x, experts, weights, gate, up, down)
+    return jnp.sum(out * jnp.cos(jnp.arange(D))), out
+
+
+def results(ep: int) -> dict[str, np.ndarray]:
+    x, weights, gate, up, down, experts = inputs()
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
+    if ep == 1:
+        (_, out), grads = grad(x, weights, gate, up, down, experts)
+    else:
+        mesh = trainer_mesh(jax.devices(), ep)
+        tokens = NamedSharding(mesh, PS(("fsdp", EXPERT)))
+        stacks = NamedSharding(mesh, PS(EXPERT))
+        placed = [jax.device_put(v, tokens) for v in (x, weights)]
+        placed += [jax.device_put(v, stacks) for v in (gate, up, down)]
+        with expert_mesh(mesh):
+            (_, out), grads = grad(*placed, jax.device_put(experts, tokens))
+    names = ("x", "weights", "gate", "up", "down")
+    return {"out": np.asarray(out)} | {
+        f"grad_{n}": np.asarray(g) for n, g in zip(names, grads, strict=True)
+    }
+
+
+def main(path: str) -> None:
+    out = {f"ep{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep).items()}
+    np.savez(path, **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
