@@ -1,15 +1,17 @@
-"""Expert parallelism gives the one-device results: one MoE layer (`moe.expert_outputs`) under
-an (fsdp, expert) mesh at EP2 and EP4, tokens split over every device and the expert stacks
-along `expert` as the trainer lays them out, gives the one-device output and the gradients of
-the tokens, the routing weights and the experts within fp32 tolerance. Also the start-up
-refusals of an EP degree the experts or the devices cannot take.
+"""Expert parallelism gives the one-device results: a tiny Qwen3-MoE trained at EP2 (fsdp2 x
+expert2) over four CPU devices gives the one-device step's loss, metrics, gradients and updated
+parameters within fp32 tolerance, each device holding E/EP experts; engines of a tiny Qwen3-MoE
+and a tiny Gemma4 MoE at EP2 (DP2) and EP2 x TP2 give the one-device engine's greedy and sampled
+tokens exactly and its log-probs within 1e-5. Also the start-up refusals of an EP degree the
+experts or the devices cannot take.
 
-The four devices exist only if XLA is told before jax starts, so the layer runs in a subprocess
-(tests/moe_ep_layer_worker.py) and this test compares what it wrote.
+The four devices exist only if XLA is told before jax starts, so the trainers and engines run
+in a subprocess (tests/moe_ep_worker.py) and this test compares what it wrote.
 """
 
 import numpy as np
 import pytest
+from moe_ep_worker import ENGINES, MODELS, TRAINERS
 from test_moe_trainer import MOE
 from tiny_policy import TINY
 from workers import worker_results
@@ -34,6 +36,55 @@ def test_an_expert_parallel_moe_layer_equals_one_device_with_its_gradients(layer
         want = layer[f"ep1/{key}"]
         assert np.abs(want).max() > 1e-3, key  # not a comparison of zeros
         np.testing.assert_allclose(layer[f"ep{ep}/{key}"], want, atol=1e-5, rtol=1e-5, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return worker_results("moe_ep_worker.py", tmp_path_factory.mktemp("ep"))
+
+
+def _layout(results, name: str, role: str, layout: str) -> dict[str, np.ndarray]:
+    prefix = f"{name}/{role}/{layout}/"
+    return {k[len(prefix) :]: v for k, v in results.items() if k.startswith(prefix)}
+
+
+TRAINED = [(name, layout) for name in MODELS for layout in TRAINERS[name] if layout != "one_device"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "layout"), TRAINED)
+def test_expert_parallel_train_step_equals_the_one_device_step(results, name, layout):
+    want, got = (
+        _layout(results, name, "train", "one_device"),
+        _layout(results, name, "train", layout),
+    )
+    assert got.keys() == want.keys() and "train/router_loss" in got and "train/kl" in got
+    grads = [k for k in want if k.startswith("grad")]
+    scale = max(np.abs(want[k]).max() for k in grads)
+    assert scale > 1e-3  # the comparison is not between zeros
+    for key in want.keys() - {"expert_shard_rows"}:
+        atol = 1e-5 * scale if key.startswith("grad") else 1e-5
+        np.testing.assert_allclose(got[key], want[key], atol=atol, rtol=1e-5, err_msg=key)
+    experts = MODELS[name].num_experts
+    assert int(got["expert_shard_rows"]) == experts // TRAINERS[name][layout][1]
+    assert int(want["expert_shard_rows"]) == experts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("layout", [e for e in ENGINES if e != "one_device"])
+def test_expert_parallel_engine_equals_the_one_device_engine(results, name, layout):
+    want, got = (
+        _layout(results, name, "engine", "one_device"),
+        _layout(results, name, "engine", layout),
+    )
+    devices, ep, tp = ENGINES[layout]
+    assert int(got["replicas"]) == devices // (ep * tp)
+    for label in ("greedy", "sampled"):
+        np.testing.assert_array_equal(got[f"{label}_tokens"], want[f"{label}_tokens"])
+        np.testing.assert_allclose(
+            got[f"{label}_logprobs"], want[f"{label}_logprobs"], atol=1e-5, rtol=0
+        )
 
 
 def test_an_expert_parallel_degree_must_divide_the_experts_and_the_devices():
