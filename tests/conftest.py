@@ -27,6 +27,25 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the se
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
+# What decides the device count of every in-process test; a test module must not change it when
+# it is imported (a worker script sets its own before jax starts: import its cases, not it).
+_DEVICE_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")
+_DEVICE_ENV_AT_START = {name: os.environ.get(name) for name in _DEVICE_ENV}
+
+
+def pytest_collection_finish(session):
+    changed = {
+        name: os.environ.get(name)
+        for name in _DEVICE_ENV
+        if os.environ.get(name) != _DEVICE_ENV_AT_START[name]
+    }
+    if changed:
+        raise pytest.UsageError(
+            f"collecting the tests changed {changed} (was {_DEVICE_ENV_AT_START}): a module "
+            "imported at collection sets the device count of every later in-process test"
+        )
+
+
 def pytest_unconfigure(config):
     if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -19,7 +19,8 @@ import dataclasses  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from test_moe_trainer import GEMMA4_MOE, MOE, packed_batch  # noqa: E402
+from moe_ep_cases import ENGINES, MAX_NEW, MODELS, TRAINERS  # noqa: E402
+from test_moe_trainer import packed_batch  # noqa: E402
 from tiny_policy import random_prompts  # noqa: E402
 
 from locoexp.algo.config import AlgoConfig  # noqa: E402
@@ -28,12 +29,6 @@ from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler  # n
 from locoexp.rollout.engine import JaxEngine  # noqa: E402
 from locoexp.trainer.config import TrainerConfig  # noqa: E402
 from locoexp.trainer.trainer import Trainer, trainer_mesh  # noqa: E402
-
-MODELS = {"qwen3_moe": MOE, "gemma4_moe": GEMMA4_MOE}
-# layout: (devices, EP, micro_batch_rows), by model
-TRAINERS = {"qwen3_moe": {"one_device": (1, 1, 0), "ep2": (4, 2, 0)}, "gemma4_moe": {}}
-ENGINES = {"one_device": (1, 1, 1), "ep2": (4, 2, 1), "ep2_tp2": (4, 2, 2)}  # devices, EP, TP
-MAX_NEW = 6
 
 
 def flat(tree, prefix: str) -> dict[str, np.ndarray]:

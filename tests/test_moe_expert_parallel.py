@@ -11,7 +11,7 @@ in a subprocess (tests/moe_ep_worker.py) and this test compares what it wrote.
 
 import numpy as np
 import pytest
-from moe_ep_worker import ENGINES, MODELS, TRAINERS
+from moe_ep_cases import ENGINES, MODELS, TRAINERS
 from test_moe_trainer import MOE
 from tiny_policy import TINY
 from workers import worker_results

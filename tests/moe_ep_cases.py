@@ -1,0 +1,11 @@
+"""The expert-parallel layouts tests/moe_ep_worker.py runs and tests/test_moe_expert_parallel.py
+checks. Kept apart from the worker: importing the worker sets its 4-device `XLA_FLAGS`, which in
+a pytest worker would give every later in-process test 4 devices (conftest refuses that)."""
+
+from test_moe_trainer import GEMMA4_MOE, MOE
+
+MODELS = {"qwen3_moe": MOE, "gemma4_moe": GEMMA4_MOE}
+# layout: (devices, EP, micro_batch_rows), by model
+TRAINERS = {"qwen3_moe": {"one_device": (1, 1, 0), "ep2": (4, 2, 0)}, "gemma4_moe": {}}
+ENGINES = {"one_device": (1, 1, 1), "ep2": (4, 2, 1), "ep2_tp2": (4, 2, 2)}  # devices, EP, TP
+MAX_NEW = 6
