@@ -27,6 +27,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the se
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
+# LLVM's optimisation of the CPU code is most of each compile and buys nothing for programs this
+# small that run a few times; XLA's HLO passes (fusion, buffer assignment, what the planner is
+# checked against) and every tested value stay as they are. Workers, hosts and Ray actors inherit
+# the flags (`launch.cpu_device_flags`); a level the caller chose is kept.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_backend_optimization_level=0",
+            "--xla_llvm_disable_expensive_passes=true",
+        ]
+    ).strip()
+
 # What decides the device count of every in-process test; a test module must not change it when
 # it is imported (a worker script sets its own before jax starts: import its cases, not it).
 _DEVICE_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")

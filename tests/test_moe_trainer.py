@@ -50,14 +50,24 @@ def trainer(config: ModelConfig, *, micro_batch_rows: int = 0) -> Trainer:
     )
 
 
+_RESULTS: dict[tuple[str, int], tuple] = {}
+
+
+def loss_and_grads(config: ModelConfig, *, micro_batch_rows: int = 0):
+    """((loss, metrics), gradients) of a fresh trainer on `packed_batch()`, once per module."""
+    key = (repr(config), micro_batch_rows)
+    if key not in _RESULTS:
+        model = trainer(config, micro_batch_rows=micro_batch_rows)
+        _RESULTS[key] = model.loss_and_grads(packed_batch())
+    return _RESULTS[key]
+
+
 @CONFIGS
 @pytest.mark.parametrize("micro_batch_rows", [0, 1])
 def test_router_loss_enters_the_grpo_loss_with_its_coefficient(config, micro_batch_rows):
-    batch = packed_batch()
-    on = trainer(config, micro_batch_rows=micro_batch_rows)
-    off = trainer(dataclasses.replace(config, router_aux_loss_coef=0.0), micro_batch_rows=0)
-    (loss_on, metrics_on), grads_on = on.loss_and_grads(batch)
-    (loss_off, metrics_off), grads_off = off.loss_and_grads(batch)
+    off = dataclasses.replace(config, router_aux_loss_coef=0.0)
+    (loss_on, metrics_on), grads_on = loss_and_grads(config, micro_batch_rows=micro_batch_rows)
+    (loss_off, metrics_off), grads_off = loss_and_grads(off)
     router = float(metrics_on["train/router_loss"])
     assert router > 0.0
     if micro_batch_rows == 0:  # one micro-batch: the whole batch's statistic, exactly
@@ -72,10 +82,9 @@ def test_router_loss_enters_the_grpo_loss_with_its_coefficient(config, micro_bat
 
 @CONFIGS
 def test_micro_batches_give_the_one_shot_gradient_without_router_loss(config):
-    batch = packed_batch()
     config = dataclasses.replace(config, router_aux_loss_coef=0.0)
-    (loss_one, _), grads_one = trainer(config).loss_and_grads(batch)
-    (loss_micro, _), grads_micro = trainer(config, micro_batch_rows=1).loss_and_grads(batch)
+    (loss_one, _), grads_one = loss_and_grads(config)
+    (loss_micro, _), grads_micro = loss_and_grads(config, micro_batch_rows=1)
     np.testing.assert_allclose(float(loss_micro), float(loss_one), atol=1e-6)
     for a, b in zip(jax.tree.leaves(grads_micro), jax.tree.leaves(grads_one), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

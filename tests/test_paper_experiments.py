@@ -1,10 +1,11 @@
-"""Every job of every paper experiment file plans as the paper says of its cell.
+"""Every cell of every paper experiment file plans as the paper says of its cell.
 
-Each job of `python run.py -m +experiment=<name>` (the file's own sweep, expanded as the dry run
-expands it; the experiment files are the one source of the cells) is planned on its slice and
-its verdict set beside the paper's, a table below that cites where the paper says it: ran, did
-not fit, not run (or unstated: Table B1 names no cells). The plan agrees with "ran" when it fits
-as locoexp runs it and the paper's trainer layout (no gradient accumulation,
+Each cell of `python run.py -m +experiment=<name>` (the file's own sweep, expanded as the dry
+run expands it; the experiment files are the one source of the cells) is planned on its slice
+(its first launch or seed: the launches and seeds of a cell plan alike, checked on one cell of
+each file) and its verdict set beside the paper's, a table below that cites where the paper says
+it: ran, did not fit, not run (or unstated: Table B1 names no cells). The plan agrees with "ran"
+when it fits as locoexp runs it and the paper's trainer layout (no gradient accumulation,
 `trainer.accumulate=false`) fits too; with "did not fit" when the cell fits only by accumulating
 gradients or does not fit at all. "not run" and "unstated" cells make no claim on memory. Where
 the plan disagrees the cell is listed in `NEEDS_ACCUMULATION`, with the reason by group. The
@@ -387,17 +388,32 @@ def agrees(paper: str, plan: str) -> bool:
             return True
 
 
+def jobs_by_cell(experiment: str) -> dict[str, list[list[str]]]:
+    """The jobs of `python run.py -m +experiment=<name>`, by cell (its launches and seeds)."""
+    cells: dict[str, list[list[str]]] = {}
+    for job in sweep_jobs(["-m", f"+experiment={experiment}"]):
+        cells.setdefault(cell_of(job), []).append(job)
+    return cells
+
+
 @pytest.mark.parametrize("experiment", PAPER_EXPERIMENTS)
-def test_every_job_of_a_paper_experiment_plans_as_the_paper_says(experiment):
-    jobs = sweep_jobs(["-m", f"+experiment={experiment}"])
+def test_every_cell_of_a_paper_experiment_plans_as_the_paper_says(experiment):
+    cells = jobs_by_cell(experiment)  # each cell's first launch or seed: they plan alike (below)
     table = {cell: verdict for name, cell, verdict, _ in PAPER if name == experiment}
-    plans: dict[str, set[str]] = {}
-    for job, config in zip(jobs, compose_configs(jobs), strict=True):
-        plans.setdefault(cell_of(job), set()).add(plan_category(config))
+    configs = compose_configs([jobs[0] for jobs in cells.values()])
+    plans = {cell: plan_category(config) for cell, config in zip(cells, configs, strict=True)}
     assert set(plans) == set(table), "the file's grid is not the paper's table"
-    assert all(len(p) == 1 for p in plans.values())  # launches and seeds plan alike
-    disagree = {cell for cell, (plan,) in plans.items() if not agrees(table[cell], plan)}
+    disagree = {cell for cell, plan in plans.items() if not agrees(table[cell], plan)}
     assert disagree == {cell for name, cell in NEEDS_ACCUMULATION if name == experiment}
+
+
+REPEATED = [e for e in PAPER_EXPERIMENTS if max(map(len, jobs_by_cell(e).values())) > 1]
+
+
+@pytest.mark.parametrize("experiment", REPEATED)
+def test_the_launches_and_seeds_of_a_cell_plan_alike(experiment):
+    *_, jobs = jobs_by_cell(experiment).values()  # the last cell: the largest of most grids
+    assert len({verdict_of(plan_setup(config)) for config in compose_configs(jobs)}) == 1
 
 
 def test_the_table_cites_the_paper_for_every_cell():

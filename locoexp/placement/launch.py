@@ -32,12 +32,18 @@ LOOPBACK = "127.0.0.1"
 JAX_TPU_COORDINATOR_PORT = 8482
 
 
-def configure_cpu_devices(count: int) -> None:
-    """Expose `count` CPU devices to this process; must run before jax creates its backend."""
+def cpu_device_flags(count: int) -> str:
+    """This process's `XLA_FLAGS` (the user's own: dumps, optimisation levels) with its device
+    count replaced by `count`: what a host process or actor of this run starts with."""
     flags = re.sub(
         r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
     )
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    return f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def configure_cpu_devices(count: int) -> None:
+    """Expose `count` CPU devices to this process; must run before jax creates its backend."""
+    os.environ["XLA_FLAGS"] = cpu_device_flags(count)
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -17,7 +17,7 @@ training state, which only a checkpoint restores, so it is never restarted.
 
 The halves come from the factories of a `locoexp.session.RunSpec`, which Ray ships to the
 actors; this module never reads a config and never decides the schedule (`loop.py` does).
-Actors start with `XLA_FLAGS` in their environment so jax sees `devices_per_host` CPU devices.
+Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_per_host`.
 
 Loopback: Ray turns a node address of 127.0.0.1 into the machine's routable address (so its
 gcs_server, raylet, workers and autoscaler monitor listen on every interface) unless it treats
@@ -57,7 +57,12 @@ from locoexp.placement.halves import (
     TrainerHalf,
     TrainResult,
 )
-from locoexp.placement.launch import free_port, host_port, initialize_distributed
+from locoexp.placement.launch import (
+    cpu_device_flags,
+    free_port,
+    host_port,
+    initialize_distributed,
+)
 from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
@@ -246,8 +251,7 @@ def start_hosts(
     places = host_places(hosts, layout)
     env = {}
     if layout.cpu:
-        flag = f"--xla_force_host_platform_device_count={layout.devices_per_host}"
-        env = {"XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+        env = {"XLA_FLAGS": cpu_device_flags(layout.devices_per_host), "JAX_PLATFORMS": "cpu"}
 
     def options(host: int, **restarts) -> dict:
         runtime_env = {"env_vars": env}

@@ -446,9 +446,11 @@ class Trainer:
         """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
         placed = self.device_batch(batch)
         with expert_mesh(self.mesh):
-            return jax.jit(self._loss_and_grads)(
-                self.trainable, self.frozen, placed, self.reference
-            )
+            return self._loss_and_grads_program(self.trainable, self.frozen, placed, self.reference)
+
+    @functools.cached_property
+    def _loss_and_grads_program(self):
+        return jax.jit(self._loss_and_grads)  # one program per trainer, not one per call
 
     def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
         """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
