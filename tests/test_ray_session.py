@@ -16,20 +16,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from cli_runs import assert_loopback_only
 from step_loop_reference import overrides_of
 
+from locoexp.errors import ConfigError
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.layout import Layout
+from locoexp.placement.ray_hosts import TrainerHost
 from locoexp.placement.ray_session import keep_ray_on_loopback, ray_session, watchdog
+from locoexp.placement.ray_transport import RayActors
 from locoexp.placement.ray_watchdog import cluster_processes
 
 REPO = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 240  # the driver's start on a loaded 2-core machine; past it the test fails
 GONE_WITHIN_S = 30.0  # the watchdog's SIGTERM, grace and SIGKILL; Ray alone takes about 60 s
+REFUSAL = "the checkpoint after step 2 could not be written to /run/checkpoints (no space)."
 SLEEPER = "import sys, time; f = open(sys.argv[1], sys.argv[2]); time.sleep(600)"
 
 
@@ -119,34 +124,85 @@ def layout(**keys) -> Layout:
     )
 
 
-@pytest.mark.slow
-def test_a_local_cluster_on_loopback_leaves_rays_switch_as_it_was(monkeypatch):
-    """The switch holds for the cluster's processes (Ray listens on 127.0.0.1 only, an actor
-    started after the switch was put back included) and not for this process afterwards."""
+@pytest.fixture(scope="module")
+def local_session() -> SimpleNamespace:
+    """One local Ray session on loopback, entered with Ray's multi-node switch on (as a joined
+    cluster's run leaves it): what was seen in it, and after it."""
     import ray  # noqa: PLC0415
     from ray._private import ray_constants  # noqa: PLC0415
 
-    switch = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    monkeypatch.setenv(switch, "1")  # as a joined-cluster run sets it
-    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
-    with ray_session(layout(bind_address="127.0.0.1")):
-        assert (os.environ[switch], ray_constants.ENABLE_RAY_CLUSTER) == ("1", True)
-        ray.get(ray.remote(num_cpus=1)(lambda: None).remote())
-        session_dir = ray._private.worker._global_node.get_session_dir_path()
-        cluster = cluster_processes(os.path.realpath(session_dir), os.getpid())
-        assert {"gcs_server", "raylet"} <= {p.name() for p in cluster}
-        assert_loopback_only(
-            {
+    def switch() -> tuple:
+        return os.environ[
+            ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+        ], ray_constants.ENABLE_RAY_CLUSTER
+
+    @ray.remote(num_cpus=1)
+    class RefusingTrainerHost:
+        def train(self):
+            raise ConfigError(REFUSAL)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "1")
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+        before = switch()
+        with ray_session(layout(bind_address="127.0.0.1")):
+            during = switch()
+            session_dir = os.path.realpath(ray._private.worker._global_node.get_session_dir_path())
+            # an actor started after the switch was put back (the raylet keeps it for them)
+            with pytest.raises(ConfigError) as refused:
+                RayActors._from_trainers(
+                    None, [RefusingTrainerHost.remote().train.remote()], during=""
+                )
+            cluster = cluster_processes(session_dir, os.getpid())
+            names = {p.name() for p in cluster}
+            listening = {
                 (c.laddr.ip, c.laddr.port): p.name()
                 for p in cluster
                 for c in p.net_connections(kind="inet")
                 if c.status == psutil.CONN_LISTEN
             }
+            node = ray.nodes()[0]["NodeManagerAddress"]
+        after = switch()
+        return SimpleNamespace(
+            switch=(before, during, after),
+            names=names,
+            listening=listening,
+            node=node,
+            refusal=refused.value,
+            still_initialized=ray.is_initialized(),
+            left=cluster_processes(session_dir, os.getpid()),
         )
-        assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
-    assert (os.environ[switch], ray_constants.ENABLE_RAY_CLUSTER) == ("1", True)
-    assert not ray.is_initialized()
-    assert not cluster_processes(os.path.realpath(session_dir), os.getpid())
+
+
+@pytest.mark.slow
+def test_a_local_cluster_on_loopback_leaves_rays_switch_as_it_was(local_session):
+    """The switch holds for the cluster's processes (Ray listens on 127.0.0.1 only) and not for
+    this process, during the session or after it; nothing of the cluster is left after it."""
+    assert local_session.switch == (("1", True),) * 3
+    assert {"gcs_server", "raylet"} <= local_session.names
+    assert any(name.startswith("ray::RefusingTrainerHost") for name in local_session.names)
+    assert_loopback_only(local_session.listening)
+    assert local_session.node == "127.0.0.1"
+    assert not local_session.still_initialized and not local_session.left
+
+
+@pytest.mark.slow
+def test_a_trainer_hosts_sentence_reaches_the_driver_as_it_is(local_session):
+    """A trainer host's `ConfigError` (a checkpoint it could not write) ends the run with its one
+    sentence, not with Ray's wrapper and the actor's traceback."""
+    assert type(local_session.refusal) is ConfigError
+    assert str(local_session.refusal) == REFUSAL
+
+
+def test_a_trainer_host_reports_a_failed_background_save_before_its_next_step():
+    class FailedSave:  # a RunCheckpoints whose background save failed
+        def check(self):
+            raise ConfigError(REFUSAL)
+
+    host = TrainerHost(index=0, hosts=1)
+    host.checkpoints = FailedSave()
+    with pytest.raises(ConfigError, match="could not be written"):
+        host.train(3, batches=[])  # before it fetches a batch or trains
 
 
 def driver_tree(driver: subprocess.Popen) -> list[psutil.Process]:

@@ -135,7 +135,11 @@ class TrainerHost(_Actor):
         return self.half.trainer.devices
 
     def train(self, step: int, batches: list) -> TrainResult:
-        """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer)."""
+        """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer). A
+        checkpoint that failed in the background since the last call ends the run here, with
+        its sentence (`RunCheckpoints.check`), as the co loop's check each step does."""
+        if self.checkpoints is not None:
+            self.checkpoints.check()
         self._count_call()
         with self.timer.step():
             with self.timer.phase("transfer"):

@@ -41,7 +41,7 @@ import ray
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.errors import RunFailed
+from locoexp.errors import ConfigError, RunFailed
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -196,7 +196,8 @@ class RayActors:
         return results
 
     def _from_trainers(self, refs: list, *, during: str) -> list:
-        """Every trainer host's result; a dead trainer host ends the run at once (`RunFailed`),
+        """Every trainer host's result; a dead trainer host (`RunFailed`), or one that refused
+        with a sentence (`ConfigError`: a checkpoint it could not write), ends the run at once,
         without waiting for its peers (they may wait on it in a collective)."""
         left = list(refs)
         while left:
@@ -207,6 +208,10 @@ class RayActors:
                 oom = isinstance(error, ray.exceptions.OutOfMemoryError)
                 died = trainer_died(refs.index(ready[0]), len(refs), during, out_of_memory=oom)
                 raise RunFailed(died) from None
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, ConfigError):  # its sentence, not the actor's trace
+                    raise ConfigError(str(error.cause)) from None
+                raise
         return ray.get(refs)
 
     def exchange(self, record: dict) -> list[dict]:
