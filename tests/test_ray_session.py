@@ -2,7 +2,9 @@
 switch does not outlive its start (a later joined-cluster run in the same process sees Ray's
 multi-node default), its watchdog stops exactly the cluster's processes, and after a SIGKILL of
 a `da` driver no process of its Ray is left after a bounded wait (Ray alone leaves its
-dashboard and runtime-env agents for about a minute: experiments/LOG.md, session 14).
+dashboard and runtime-env agents for about a minute: experiments/LOG.md, session 14). A trainer
+host reports a checkpoint that failed in the background before its next step, and its sentence
+reaches the driver as it is.
 
 Each test looks only at processes it started: the driver's descendants, listed before it is
 killed, and any process carrying this test's `LOCOEXP_TEST_OWNER` marker. The marker is read
