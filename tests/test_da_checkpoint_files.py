@@ -96,3 +96,15 @@ def test_a_negative_restart_budget_is_refused():
     assert compose_config(base).placement.rollout_restarts == 3
     with pytest.raises(ConfigError, match="placement.rollout_restarts=-1"):
         compose_config([*base, "placement.rollout_restarts=-1"])
+
+
+def test_a_batch_that_cannot_be_written_is_one_sentence_and_leaves_no_file(tmp_path):
+    partial = batch_path(tmp_path, 3).with_suffix(".partial.npz")
+    partial.parent.mkdir()
+    partial.symlink_to("/dev/full")  # every write to it fails as on a full disk (ENOSPC)
+    with pytest.raises(ConfigError) as refused:
+        save_batches(tmp_path, 3, [_batch(3, 0)])
+    message = str(refused.value)
+    assert message.startswith(f"batch 3 of the next checkpoint could not be written to {tmp_path}")
+    assert "(No space left on device)" in message and "\n" not in message
+    assert not list(partial.parent.iterdir())  # neither the partial nor the batch file

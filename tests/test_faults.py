@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -237,6 +238,31 @@ def test_a_full_disk_refuses_the_checkpoint_keeps_the_last_and_says_how_much(tmp
         assert "step 2" in message and "needs 0.5 MiB" in message and "step 1 is intact" in message
         assert latest_saved_step(small) == 1 and tree(small / "checkpoints" / "1") == before
         assert saved_progress(small, 1) == first  # start-up reads the file orbax wrote
+        assert sorted(p.name for p in (small / "checkpoints").iterdir()) == ["1"]  # no partial
+
+
+def test_a_save_that_fails_in_the_background_is_named_by_the_next_save(tmp_path):
+    """The disk fills while save 2 is written (its free-space check passed by 8 KiB): the next
+    save, called at once as a fast step loop calls it, names step 2 in one sentence and leaves
+    no partial of it (orbax's own wait for save 2, inside save 3, raised the OSError raw)."""
+    small = tmp_path / "small"
+    with mounted(small, "size=1200k"):
+        checkpoints = RunCheckpoints(small)
+        state = {"w": jax.random.normal(jax.random.key(0), (64, 2048))}  # 0.5 MiB, incompressible
+        checkpoints.save(RunProgress(next_step=1, seed=0, elapsed_s=1.0, eval_total_s=0.0), state)
+        checkpoints.wait()
+        before = tree(small / "checkpoints" / "1")
+        (small / "filler").write_bytes(b"\0" * (shutil.disk_usage(small).free - 2**19 - 2**13))
+        second = RunProgress(next_step=2, seed=0, elapsed_s=2.0, eval_total_s=0.0)
+        checkpoints.save(second, state)  # passes its free-space check; its files do not fit
+        third = RunProgress(next_step=3, seed=0, elapsed_s=3.0, eval_total_s=0.0)
+        with pytest.raises(ConfigError) as refused:
+            checkpoints.save(third, state)
+        checkpoints.close()
+        message = str(refused.value)
+        assert message.startswith("the checkpoint after step 2 could not be written"), message
+        assert "No space left on device" in message and "step 1 is intact" in message
+        assert tree(small / "checkpoints" / "1") == before
         assert sorted(p.name for p in (small / "checkpoints").iterdir()) == ["1"]  # no partial
 
 

@@ -192,8 +192,6 @@ def ray_environment() -> dict:
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
-        # a local da run in this process set it to 0 (`ray_hosts`: one-node, loopback only)
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
     }
 
 

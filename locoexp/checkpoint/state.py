@@ -13,8 +13,9 @@ reads each process's addressable shards and process 0 writes the JSON. Saves are
 background, and a checkpoint becomes visible (`latest_step`) only once complete, so a process
 killed mid-save leaves the previous checkpoint in place. A save that cannot fit on the disk is
 refused before it starts, and one that fails in the background is reported at the step loop's
-next `check` (each step); either is one sentence (`ConfigError`) saying how much space the run's
-checkpoints need, with the partial files removed and the last complete checkpoint intact.
+next `check` (each step) or the next `save`, whichever comes first; either is one sentence
+(`ConfigError`) saying how much space the run's checkpoints need, with the partial files removed
+and the last complete checkpoint intact.
 
 This module must not decide when to save or what a resumed run does with its records; the step
 loop does.
@@ -73,7 +74,9 @@ class RunCheckpoints:
     def save(self, progress: RunProgress, arrays: Any, *, wait: bool = False) -> None:
         """Checkpoint `arrays` (any pytree of global arrays) and `progress` at progress.next_step.
         Every process must call it; with `wait` it returns once the files are on disk."""
-        self.check()
+        # orbax's save waits for the save before it anyway; waiting here first reports that
+        # save's own failure as its sentence (orbax's would raise it raw)
+        self.wait()
         step, need = progress.next_step, local_bytes(arrays)
         free = shutil.disk_usage(self.directory).free
         if need > free:

@@ -19,17 +19,11 @@ The halves come from the factories of a `locoexp.session.RunSpec`, which Ray shi
 actors; this module never reads a config and never decides the schedule (`loop.py` does).
 Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_per_host`.
 
-Loopback: Ray turns a node address of 127.0.0.1 into the machine's routable address (so its
-gcs_server, raylet, workers and autoscaler monitor listen on every interface) unless it treats
-the machine as a one-node cluster, which its `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` switch selects
-on any platform. A local cluster bound to loopback sets it, no dashboard is started, and every
-Ray service then listens on 127.0.0.1 only; the trainer group's coordinator binds there too.
+Ray itself (a local cluster, or a joined one) is started and stopped by `ray_session.py`.
 """
 
 import dataclasses
 import ipaddress
-import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +61,9 @@ from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.placement.phases import load_into_engine
+from locoexp.placement.ray_session import (  # noqa: F401 (tests/test_da_survival.py's name)
+    keep_ray_on_loopback as _keep_ray_on_loopback,
+)
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 
@@ -143,7 +140,11 @@ class TrainerHost(_Actor):
         return self.half.trainer.devices
 
     def train(self, step: int, batches: list) -> TrainResult:
-        """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer)."""
+        """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer). A
+        checkpoint that failed in the background since the last call ends the run here, with
+        its sentence (`RunCheckpoints.check`), as the co loop's check each step does."""
+        if self.checkpoints is not None:
+            self.checkpoints.check()
         self._count_call()
         with self.timer.step():
             with self.timer.phase("transfer"):
@@ -211,30 +212,6 @@ class Hosts:
             ray.kill(actor, no_restart=True)
         if self.group is not None:
             remove_placement_group(self.group)
-
-
-def start_ray(layout: Layout) -> None:
-    options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True)
-    if layout.bind_address is not None:
-        options["_node_ip_address"] = layout.bind_address
-    if layout.ray_address is None:
-        if layout.bind_address and ipaddress.ip_address(layout.bind_address).is_loopback:
-            _keep_ray_on_loopback()
-        hosts = layout.trainer_hosts + layout.rollout_hosts
-        if layout.object_store_bytes is not None:
-            options["object_store_memory"] = layout.object_store_bytes
-        ray.init(address="local", num_cpus=hosts, **options)
-    else:
-        ray.init(address=layout.ray_address, **options)
-
-
-def _keep_ray_on_loopback() -> None:
-    """Make Ray keep node address 127.0.0.1 (module docstring): the environment switch for the
-    processes Ray starts, and the constant this process read when it imported Ray."""
-    from ray._private import ray_constants  # noqa: PLC0415
-
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def start_hosts(

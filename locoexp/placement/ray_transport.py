@@ -9,7 +9,8 @@ rollout-side timings (`load`, `admission`, `generation`, `reward`, `rollout`) ar
 batch trained at that step, trainer-side ones (`transfer`, `pack`, `train`, `publish`,
 `trainer`) of that step; `timing/step_s` is the driver's period. The driver checks that every
 batch is trained exactly once with the scheduled prompts (`BatchLedger`, `batches.jsonl`).
-Every actor and Ray itself stop when the run ends or fails.
+Every actor and Ray itself stop when the run ends or fails, or when the driver dies
+(`ray_session.py`).
 
 Runs that survive (issue 13):
 - A rollout host whose process dies is restarted by Ray (`ray_hosts.py`); the driver sees the
@@ -40,7 +41,7 @@ import ray
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
-from locoexp.errors import RunFailed
+from locoexp.errors import ConfigError, RunFailed
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -54,7 +55,8 @@ from locoexp.placement.halves import (
 from locoexp.placement.layout import Layout
 from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
-from locoexp.placement.ray_hosts import Hosts, start_hosts, start_ray
+from locoexp.placement.ray_hosts import Hosts, start_hosts
+from locoexp.placement.ray_session import ray_session
 from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
 from locoexp.tokenizer.protocol import Tokenizer
 
@@ -194,7 +196,8 @@ class RayActors:
         return results
 
     def _from_trainers(self, refs: list, *, during: str) -> list:
-        """Every trainer host's result; a dead trainer host ends the run at once (`RunFailed`),
+        """Every trainer host's result; a dead trainer host (`RunFailed`), or one that refused
+        with a sentence (`ConfigError`: a checkpoint it could not write), ends the run at once,
         without waiting for its peers (they may wait on it in a collective)."""
         left = list(refs)
         while left:
@@ -205,6 +208,10 @@ class RayActors:
                 oom = isinstance(error, ray.exceptions.OutOfMemoryError)
                 died = trainer_died(refs.index(ready[0]), len(refs), during, out_of_memory=oom)
                 raise RunFailed(died) from None
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, ConfigError):  # its sentence, not the actor's trace
+                    raise ConfigError(str(error.cause)) from None
+                raise
         return ray.get(refs)
 
     def exchange(self, record: dict) -> list[dict]:
@@ -325,38 +332,37 @@ def ray_actors(
     ledger: BatchLedger,
     run_dir: Path,
 ) -> Iterator[RayActors]:
-    """Start Ray and one actor per host; stop every actor, Ray and the ledger afterwards. A Ray
-    error anywhere while a trainer host is dead (e.g. a rollout host that cannot fetch the
-    weights that host published) is reported as that trainer host's death."""
+    """Start Ray (`ray_session`) and one actor per host; stop every actor, Ray and the ledger
+    afterwards. A Ray error anywhere while a trainer host is dead (e.g. a rollout host that
+    cannot fetch the weights that host published) is reported as that trainer host's death."""
     hosts = Hosts()
     try:
-        start_ray(layout)
-        start_hosts(
-            hosts,
-            layout,
-            build_rollout=build_rollout,
-            build_trainer=build_trainer,
-            freeze=freeze_gc,
-        )
-        yield RayActors(
-            hosts=hosts,
-            ledger=ledger,
-            run_dir=run_dir,
-            rollout_restarts=layout.rollout_restarts,
-            restart_timeout_s=layout.rollout_restart_timeout_s,
-            staleness=layout.staleness,
-        )
-    except ray.exceptions.RayError:
-        dead = dead_trainer(hosts.trainers)
-        if dead is None:
-            raise
-        raise RunFailed(trainer_died(dead, len(hosts.trainers), "the run")) from None
+        with ray_session(layout):
+            try:
+                start_hosts(
+                    hosts,
+                    layout,
+                    build_rollout=build_rollout,
+                    build_trainer=build_trainer,
+                    freeze=freeze_gc,
+                )
+                yield RayActors(
+                    hosts=hosts,
+                    ledger=ledger,
+                    run_dir=run_dir,
+                    rollout_restarts=layout.rollout_restarts,
+                    restart_timeout_s=layout.rollout_restart_timeout_s,
+                    staleness=layout.staleness,
+                )
+            except ray.exceptions.RayError:
+                dead = dead_trainer(hosts.trainers)
+                if dead is None:
+                    raise
+                raise RunFailed(trainer_died(dead, len(hosts.trainers), "the run")) from None
+            finally:
+                hosts.stop()
     finally:
         ledger.close()
-        try:
-            hosts.stop()
-        finally:
-            ray.shutdown()
 
 
 def dead_trainer(trainers: list, *, probe_s: float = 5.0) -> int | None:

@@ -7,7 +7,8 @@ itself (token ids, behaviour log-probs, advantages and each rollout host's repor
 next to the checkpoint, and the resumed run trains exactly that batch at step k.
 
 Files: `<run_dir>/da_batches/<k>.npz`, one per checkpoint step, written (atomically) before the
-checkpoint it belongs to, numpy arrays only (no pickle). This module owns the encoding; it never
+checkpoint it belongs to, numpy arrays only (no pickle); one that cannot be written (a full disk)
+stops the run with one sentence, no partial file left. This module owns the encoding; it never
 decides when to save (the transport does, when the loop checkpoints).
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from locoexp.errors import ConfigError
 from locoexp.placement.halves import HalfReport, RolloutBatch, Window
 
 BATCH_DIR = "da_batches"
@@ -34,8 +36,16 @@ def save_batches(run_dir: str | Path, step: int, batches: list[RolloutBatch]) ->
     path = batch_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npz")
-    np.savez(partial, **arrays)
-    os.replace(partial, path)
+    try:
+        np.savez(partial, **arrays)
+        os.replace(partial, path)
+    except OSError as error:  # a full disk: the run stops with the last checkpoint intact
+        partial.unlink(missing_ok=True)
+        raise ConfigError(
+            f"batch {step} of the next checkpoint could not be written to {path} "
+            f"({error.strerror}); the last complete checkpoint is intact: free space or move "
+            "the run directory, then rerun the same command to resume."
+        ) from None
     return path
 
 
