@@ -51,6 +51,7 @@ LORA = AdapterConfig(
 # their end, every norm in full
 SAVED = ["embed_tokens", "norm"]
 LORA_SAVED = dataclasses.replace(LORA, modules_to_save=[SavedModule(m) for m in SAVED])
+LORA_HEAD = dataclasses.replace(LORA, modules_to_save=[SavedModule.lm_head])  # untied, [D, V]
 TIED = {**SHAPE, "tied": True}
 
 
@@ -211,8 +212,12 @@ def test_trainer_updates_only_the_adapters_and_holds_adam_state_only_for_them(
 
 @pytest.mark.parametrize(
     ("reference", "shape", "adapter"),
-    [("peft_reference", SHAPE, LORA), ("peft_saved_reference", TIED, LORA_SAVED)],
-    ids=["lora", "lora+saved"],
+    [
+        ("peft_reference", SHAPE, LORA),
+        ("peft_saved_reference", TIED, LORA_SAVED),
+        ("peft_reference", SHAPE, LORA_HEAD),
+    ],
+    ids=["lora", "lora+saved", "lora+head"],
 )
 def test_exported_adapter_loads_in_peft_beside_the_merged_policy(
     request, tmp_path, reference, shape, adapter
