@@ -1,6 +1,7 @@
-"""`adapter=lora` runs survive: the checkpoint carries the adapters (and their AdamW state), a
-resumed run continues with the uninterrupted run's losses, and the final export holds the
-merged policy with its PEFT adapter beside it."""
+"""`adapter=lora` runs survive: the checkpoint carries the adapters and the embedding trained in
+full (`adapter.modules_to_save`), with their AdamW state and KL reference; a resumed run
+continues with the uninterrupted run's losses, and the final export holds the merged policy
+with its PEFT adapter beside it."""
 
 import json
 
@@ -18,6 +19,7 @@ COMMON = [
     "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4",
     "dataset.synthetic.held_out_size=8",
     "adapter=lora", "adapter.rank=8", "adapter.alpha=16", "algo.learning_rate=3e-2",
+    "adapter.modules_to_save=[embed_tokens]", "algo.kl_coef=0.05",
 ]  # fmt: skip
 
 
@@ -36,3 +38,4 @@ def test_resumed_lora_run_continues_like_the_uninterrupted_one(tmp_path):
     assert (exported / "model.safetensors").is_file()
     config = json.loads((exported / ADAPTER_DIR / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16.0)
+    assert config["modules_to_save"] == ["embed_tokens"] and config["ensure_weight_tying"]

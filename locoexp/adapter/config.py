@@ -7,8 +7,10 @@ scaling is PEFT's (`lora_alpha / r`), so an adapter trained here is the same fun
 
 import dataclasses
 import enum
+import math
 
 from locoexp.errors import require
+from locoexp.model.checkpoint import hf_shapes, tensor_names
 from locoexp.model.config import ModelConfig
 
 
@@ -27,6 +29,19 @@ class Projection(enum.Enum):
     gate_proj = "gate_proj"
     up_proj = "up_proj"
     down_proj = "down_proj"
+
+
+class SavedModule(enum.Enum):
+    """Modules trained in full beside the adapters (PEFT's `modules_to_save`: Hugging Face
+    module names, matched as PEFT matches them: every module whose name ends so)."""
+
+    embed_tokens = "embed_tokens"  # the embedding, and the head when it is tied to it
+    lm_head = "lm_head"  # an untied head
+    norm = "norm"  # every RMSNorm (the final one, and every name ending in "norm")
+    input_layernorm = "input_layernorm"
+    post_attention_layernorm = "post_attention_layernorm"
+    q_norm = "q_norm"  # Qwen3's per-head query / key norms
+    k_norm = "k_norm"
 
 
 # Where each projection lives in a decoder block (`locoexp.model.transformer.Block`).
@@ -54,6 +69,12 @@ class AdapterConfig:
     dropout: float = 0.0
     # Initialisation of A (B starts at zero); independent of the model's seed.
     seed: int = 0
+    # Modules trained in full beside the adapters (PEFT's `modules_to_save`): in the optimizer,
+    # the KL reference and checkpoints, published and exported with the adapters. Empty in
+    # Tunix's recipe. A tied head trains with `embed_tokens` (PEFT's ensure_weight_tying): with
+    # it frozen at the tiny model's init_std 0.02 every logit is at most sqrt(D) |e_v| = 1.24
+    # and LoRA alone cannot learn the embedded task (experiments/LOG.md, sessions 13-14).
+    modules_to_save: list[SavedModule] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if self.kind is AdapterKind.none:
@@ -71,6 +92,11 @@ class AdapterConfig:
             "no dropout keys and GRPO's ratio needs the engine's and the trainer's log-probs "
             "to agree).",
         )
+        require(
+            len(set(self.modules_to_save)) == len(self.modules_to_save),
+            f"adapter.modules_to_save={[m.value for m in self.modules_to_save]} must name each "
+            "module at most once.",
+        )
 
     @property
     def scale(self) -> float:
@@ -82,12 +108,44 @@ class AdapterConfig:
         return self.kind is AdapterKind.lora
 
     def count_parameters(self, model: ModelConfig) -> int:
+        """What trains: the LoRA factors and the `modules_to_save`; 0 for none."""
+        return self.count_factors(model) + self.count_saved(model)
+
+    def count_factors(self, model: ModelConfig) -> int:
         """LoRA parameters over every block: rank x (D_in + D_out) per target; 0 for none."""
         if not self.trains_adapters:
             return 0
         return model.num_layers * sum(
             self.rank * sum(projection_shape(model, t)) for t in self.targets
         )
+
+    def count_saved(self, model: ModelConfig) -> int:
+        """Parameters of the `modules_to_save` (base weights that train in full); 0 for none."""
+        if not self.trains_adapters:
+            return 0
+        return sum(math.prod(shape) for shape in saved_tensors(self, model).values())
+
+
+def saved_tensors(adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, tuple[int, ...]]:
+    """Plain parameter path -> shape of every tensor of `adapter.modules_to_save`, matched as
+    PEFT matches them (every module whose name ends with a saved name: `norm` is every norm);
+    a name that matches nothing in `model` is refused."""
+    shapes = hf_shapes(model)
+    found: dict[tuple, tuple[int, ...]] = {}
+    for saved in adapter.modules_to_save:
+        matched = {
+            path: shapes[name]
+            for name, (path, _) in tensor_names(model).items()
+            if name.removesuffix(".weight").endswith(saved.value)
+        }
+        require(
+            bool(matched),
+            f"adapter.modules_to_save names {saved.value}, which model {model.name} does not "
+            f"have{' (its head is tied: name embed_tokens)' if saved.value == 'lm_head' else ''}"
+            "; remove it.",
+        )
+        found |= matched
+    return found
 
 
 def projection_shape(model: ModelConfig, projection: Projection) -> tuple[int, int]:

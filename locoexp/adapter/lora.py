@@ -2,7 +2,8 @@
 
 `adapt_model` returns a copy of a plain `Transformer` whose targeted projections are wrapped:
 `nnx.LoRA(base_module=<the projection>)` owns A [in, r] and B [r, out] as `nnx.LoRAParam`, so
-`nnx.split(model, nnx.LoRAParam, nnx.Param)` separates what trains from the frozen base.
+`nnx.split(model, trained_filter(...), nnx.Param)` separates what trains (the factors, and
+the base weights PEFT's `modules_to_save` names, trained in full) from the frozen base.
 `merge_adapters` folds them back into the plain model's parameters, W + (alpha / r) A B, which
 is what the engines load and what the Hugging Face export writes. It must not train, sample or
 know about meshes; the transformer module itself is left as it is.
@@ -14,11 +15,33 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from locoexp.adapter.config import PROJECTION_MODULE, AdapterConfig
+from locoexp.adapter.config import PROJECTION_MODULE, AdapterConfig, saved_tensors
+from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import Transformer
 
 # The adapted projection's keys in `nnx.to_pure_dict` (attribute names of `nnx.LoRA`).
 BASE, LORA_A, LORA_B = "base_module", "lora_a", "lora_b"
+
+
+def trained_filter(adapter: AdapterConfig, model: ModelConfig) -> nnx.filterlib.Filter:
+    """What trains under LoRA: the factors, and the base weights of `adapter.modules_to_save`
+    (by their plain paths, which adapting leaves unchanged)."""
+    saved = set(saved_tensors(adapter, model))
+    if not saved:
+        return nnx.LoRAParam
+    return nnx.Any(nnx.LoRAParam, nnx.All(nnx.Param, lambda path, _: tuple(path) in saved))
+
+
+def saved_weights(pure: dict, adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, object]:
+    """The trained `modules_to_save` weights in the pure dict of the trained state, by plain
+    path (e.g. ("embed", "embedding"))."""
+    found = {}
+    for path in saved_tensors(adapter, model):
+        node = pure
+        for key in path:
+            node = node[key]
+        found[path] = node
+    return found
 
 
 class ScaledLoRA(nnx.LoRA):
@@ -95,5 +118,19 @@ def load_factors(adapted: Transformer, factors: dict[tuple, tuple]) -> None:
         for key in path[:-1]:
             node = node[key]
         node[LORA_A], node[LORA_B] = jnp.asarray(a), jnp.asarray(b)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(adapted, state)
+
+
+def load_saved(adapted: Transformer, saved: dict[tuple, object]) -> None:
+    """Set the adapted model's `modules_to_save` weights from `saved` keyed by plain path (e.g.
+    read from a PEFT directory by `locoexp.adapter.peft.read_saved_modules`)."""
+    state = nnx.state(adapted, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+    for path, weight in saved.items():
+        node = pure
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = jnp.asarray(weight)
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(adapted, state)

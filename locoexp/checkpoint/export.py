@@ -22,7 +22,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from locoexp.adapter.config import AdapterConfig
-from locoexp.adapter.lora import lora_factors
+from locoexp.adapter.lora import lora_factors, saved_weights
 from locoexp.adapter.peft import write_peft_adapter
 from locoexp.model.checkpoint import save_checkpoint
 from locoexp.model.config import ModelConfig
@@ -64,8 +64,8 @@ def export_policy(
     adapter: tuple[AdapterConfig, object] | None = None,
 ) -> Path | None:
     """Write the policy `nnx.merge(graphdef, params)` as a Hugging Face directory, and the LoRA
-    `adapter` (its config and `nnx.LoRAParam` state) as a PEFT directory in `adapter/`; returns
-    the directory on process 0, None elsewhere."""
+    `adapter` (its config and trained state: the factors and the `modules_to_save` weights)
+    as a PEFT directory in `adapter/`; returns the directory on process 0, None elsewhere."""
     host_params = gather_to_host(params)
     host_adapters = None if adapter is None else gather_to_host(adapter[1])
     if jax.process_index() != 0:
@@ -76,8 +76,9 @@ def export_policy(
     save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
     write_tokenizer_files(tokenizer, partial)
     if adapter is not None:
-        factors = lora_factors(nnx.to_pure_dict(host_adapters))
-        write_peft_adapter(factors, adapter[0], model, partial / ADAPTER_DIR)
+        trained, config = nnx.to_pure_dict(host_adapters), adapter[0]
+        saved = saved_weights(trained, config, model)
+        write_peft_adapter(lora_factors(trained), config, model, partial / ADAPTER_DIR, saved=saved)
     _normal_modes(partial)
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

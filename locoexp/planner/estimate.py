@@ -106,6 +106,9 @@ class TrainerShape:
     # adapter=lora: the adapters' parameter count (what trains: gradients, AdamW state and the
     # KL reference are theirs, the base is frozen); 0 = full fine-tuning
     adapter_parameters: int = 0
+    # of those, the base weights PEFT's `modules_to_save` names (trained in full, no copy: they
+    # move from the frozen base to what trains, so they add no parameter memory)
+    adapter_saved_parameters: int = 0
     float32_matmuls: bool = False  # bfloat16 matmuls computed in float32 (XLA on CPU)
     # The backend merges remat's recomputation back into the forward pass, so every policy
     # keeps what `none` keeps (XLA on CPU: its OptimizationBarrierExpander runs before common-
@@ -277,6 +280,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     base = math.ceil(n / dt) * a
     trained = shape.adapter_parameters or n  # what gradients and AdamW state are kept for
     shard = math.ceil(trained / dt) * a
+    added = shape.adapter_parameters - shape.adapter_saved_parameters  # the LoRA factors
     tokens = shape.micro_batch_rows * shape.row_tokens
     micro = shape.micro_batches > 1
     # one shot: every loss slot's hidden state and gradient; micro-batches: the micro-batch's
@@ -288,7 +292,7 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     if shape.remat is RematPolicy.offload:
         offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
     return TrainerMemory(
-        params=base + (shard if shape.adapter_parameters else 0),
+        params=base + math.ceil(added / dt) * a,
         gradients=(1 if a == F32 else 3) * math.ceil(trained / dt) * F32 + shard
         if micro
         else shard,

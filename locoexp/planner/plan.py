@@ -93,6 +93,7 @@ def _trainer_shape(
     kl: bool,
     xla_cpu: bool,
     adapter_parameters: int = 0,
+    adapter_saved_parameters: int = 0,
     expert_parallel: int = 1,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
@@ -117,6 +118,7 @@ def _trainer_shape(
         remat=trainer.remat,
         kl_reference=kl,
         adapter_parameters=adapter_parameters,
+        adapter_saved_parameters=adapter_saved_parameters,
         float32_matmuls=xla_cpu,
         remat_erased=xla_cpu,
         expert_parallel=expert_parallel,
@@ -210,6 +212,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         kl=setup.kl_reference,
         xla_cpu=cpu,
         adapter_parameters=setup.adapter.count_parameters(m),
+        adapter_saved_parameters=setup.adapter.count_saved(m),
         expert_parallel=setup.trainer.expert_parallel,
     )
     eshape = _engine_shape(

@@ -31,8 +31,10 @@ def _adapter_note(setup: Setup) -> str:
     a = setup.adapter
     if not a.trains_adapters:
         return ""
-    count = a.count_parameters(setup.model)
-    return f"; LoRA rank {a.rank} trains {count / 1e6:.2f}M of them (base frozen)"
+    count, saved = a.count_parameters(setup.model), a.count_saved(setup.model)
+    names = ", ".join(m.value for m in a.modules_to_save)
+    full = f"{saved / 1e6:.2f}M in full: {names}; " if saved else ""
+    return f"; LoRA rank {a.rank} trains {count / 1e6:.2f}M of them ({full}rest frozen)"
 
 
 def _trainer_line(setup: Setup, plan: Plan) -> str:

@@ -10,8 +10,9 @@ rematerialisation and micro-batches with gradient accumulation (`trainer/micro.p
 generates and never knows about placement; `params` is what weight publication hands to the engines.
 
 With `adapter=lora` the base weights are frozen (`frozen`, never differentiated, no optimizer
-state) and only the LoRA factors (`trainable`) train; `params` is then the merged policy
-W + (alpha / r) A B (`locoexp.adapter.lora`), so publication and export see a plain model.
+state) and only the LoRA factors (`trainable`, with the `adapter.modules_to_save` weights in
+full) train; `params` is then the merged policy W + (alpha / r) A B (`locoexp.adapter.lora`),
+so publication and export see a plain model.
 
 Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
 """
@@ -28,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.adapter.config import AdapterConfig
-from locoexp.adapter.lora import adapt_model, merge_adapters
+from locoexp.adapter.lora import adapt_model, merge_adapters, trained_filter
 from locoexp.algo.config import AlgoConfig
 from locoexp.algo.grpo import loss_denominator
 from locoexp.model.attention import AttentionSpec
@@ -260,7 +261,8 @@ class Trainer:
             self.train_graphdef = self.graphdef
             return params, nnx.State({})
         adapted = adapt_model(model, self.adapter)
-        self.train_graphdef, trainable, frozen = nnx.split(adapted, nnx.LoRAParam, nnx.Param)
+        train = trained_filter(self.adapter, model.config)
+        self.train_graphdef, trainable, frozen = nnx.split(adapted, train, nnx.Param)
         return trainable, frozen
 
     def _model(self, trainable, frozen) -> Transformer:
