@@ -1,10 +1,11 @@
 """`adapter=lora` under every placement: the engines sample with the adapted policy.
 
-Publication merges the adapters into the base (W + (alpha / r) A B, `Trainer.params`), so under
-co and single_controller (staleness 0) the trainer's recomputed log-probs equal the sampler's at
-every step, while the KL term against the base (the initial policy) shows the policy moved; a
-sampler still holding the base weights would show a gap as large as that KL. Under da (through
-Ray's object store, one step stale) the run completes with the adapters moving the policy.
+Publication merges the adapters into the base (W + (alpha / r) A B, `Trainer.params`) beside the
+embedding trained in full (`adapter.modules_to_save`), so under co and single_controller
+(staleness 0) the trainer's recomputed log-probs equal the sampler's at every step, while the KL
+term against the base (the initial policy) shows the policy moved; a sampler still holding the
+base weights would show a gap as large as that KL. Under da (through Ray's object store, one step
+stale) the run completes with the adapters moving the policy.
 """
 
 import numpy as np
@@ -21,6 +22,7 @@ COMMON = [
     "dataset.prompts_per_step=4", "dataset.samples_per_prompt=4",
     "dataset.synthetic.held_out_size=8",
     "adapter=lora", "adapter.rank=8", "adapter.alpha=16", "algo.learning_rate=3e-2",
+    "adapter.modules_to_save=[embed_tokens]",  # trained in full, published with the adapters
     "algo.kl_coef=0.05",
 ]  # fmt: skip
 PLACEMENTS = {
