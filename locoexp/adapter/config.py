@@ -10,7 +10,6 @@ import enum
 import math
 
 from locoexp.errors import require
-from locoexp.model.checkpoint import hf_shapes, tensor_names
 from locoexp.model.config import ModelConfig
 
 
@@ -130,6 +129,9 @@ def saved_tensors(adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, tup
     """Plain parameter path -> shape of every tensor of `adapter.modules_to_save`, matched as
     PEFT matches them (every module whose name ends with a saved name: `norm` is every norm);
     a name that matches nothing in `model` is refused."""
+    # the checkpoint's names need jax; the config (and the jax-free RunSpec) must not
+    from locoexp.model.checkpoint import hf_shapes, tensor_names  # noqa: PLC0415
+
     shapes = hf_shapes(model)
     found: dict[tuple, tuple[int, ...]] = {}
     for saved in adapter.modules_to_save:
