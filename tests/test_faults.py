@@ -34,6 +34,7 @@ from locoexp.checkpoint.progress import RunProgress, config_digest
 from locoexp.checkpoint.state import RunCheckpoints, latest_saved_step, saved_progress
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
+from locoexp.metrics.record import MetricsFile
 from locoexp.metrics.wandb_logger import RUN_ID_FILE, build_logger
 from locoexp.model.checkpoint import check_checkpoint, save_checkpoint
 from locoexp.model.config import ModelConfig
@@ -330,3 +331,17 @@ def test_a_second_ctrl_c_leaves_at_once_with_130_and_one_sentence(tmp_path):
     assert len(lines) == 1 and f"hydra.run.dir={run_dir}" in lines[0], stderr[-3000:]
     assert tree(run_dir / "checkpoints") == checkpoints  # nothing half-written, nothing lost
     assert np.all([not p.name.endswith("tmp") for p in (run_dir / "checkpoints").iterdir()])
+
+
+def test_a_metrics_line_that_cannot_be_written_is_one_sentence_and_closes_quietly(tmp_path):
+    # a disk with no room left: the file's buffered line cannot be flushed (/dev/full fails
+    # every write with ENOSPC); closing the run's outputs afterwards must not raise over it
+    path = tmp_path / "metrics.jsonl"
+    path.symlink_to("/dev/full")
+    metrics = MetricsFile(path)
+    with pytest.raises(ConfigError) as refused:
+        metrics.write({"step": 0, "train/loss": 1.0})
+    message = str(refused.value)
+    assert message.startswith(f"{path} could not be written (No space left on device); ")
+    assert "rerun the same command to resume" in message and "\n" not in message
+    metrics.close()

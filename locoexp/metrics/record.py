@@ -4,6 +4,7 @@ Also the progress bar and the end-of-run summary a person reads. W&B gets the sa
 through `locoexp.metrics.wandb_logger`; this file is written whatever the logger.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from locoexp.errors import ConfigError
 
 
 def _plain(value: Any) -> Any:
@@ -27,11 +30,21 @@ class MetricsFile:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+            self._file.flush()
+        except OSError as error:  # a full disk: one sentence, the lines before it intact
+            raise ConfigError(
+                f"{self.path} could not be written ({error.strerror}); its earlier lines are "
+                "intact (a cut last line is skipped when read): free space or move the run "
+                "directory, then rerun the same command to resume from its last checkpoint."
+            ) from None
 
     def close(self) -> None:
-        self._file.close()
+        # every line was flushed as written, so only the line `write` reported can be pending;
+        # its error must not replace that sentence while the run's outputs close
+        with contextlib.suppress(OSError):
+            self._file.close()
 
 
 def cut_back(path: Path, *, next_step: int) -> tuple[list[dict], list[dict]]:
