@@ -33,7 +33,7 @@ from locoexp.compose import compose_config
 from locoexp.errors import RunFailed
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
-from locoexp.placement.ray_hosts import _keep_ray_on_loopback
+from locoexp.placement.ray_session import keep_ray_on_loopback
 from locoexp.placement.ray_transport import RayActors
 
 pytestmark = pytest.mark.slow
@@ -263,7 +263,7 @@ def test_a_trainer_host_killed_by_rays_memory_monitor_is_named_in_one_sentence()
     # session 10). An actor raising the same error stands in for the kill.
     import ray  # noqa: PLC0415
 
-    _keep_ray_on_loopback()
+    keep_ray_on_loopback()
     ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
 

@@ -61,9 +61,6 @@ from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.placement.phases import load_into_engine
-from locoexp.placement.ray_session import (  # noqa: F401 (tests/test_da_survival.py's name)
-    keep_ray_on_loopback as _keep_ray_on_loopback,
-)
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 

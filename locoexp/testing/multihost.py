@@ -50,7 +50,7 @@ def step_publish_sample(out_dir: str) -> None:
     (`ports_<p>`: process 0 hosts the coordinator service), the loss and the gathered
     parameters after the step (`train_<p>`), and the engine's log-probs of its samples beside
     the trainer's (`publish_<p>`). One launch serves the tests of all three."""
-    import psutil  # noqa: PLC0415  (a test dependency)
+    import psutil  # noqa: PLC0415
 
     hosts, index = jax.process_count(), jax.process_index()
     listening = psutil.Process().net_connections(kind="tcp")
