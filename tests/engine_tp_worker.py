@@ -1,8 +1,9 @@
 """Run in a subprocess by tests/test_engine_tp.py, with 4 CPU devices set before jax starts:
-TP1 on one device, then DP4 x TP1, DP2 x TP2 and DP1 x TP4 engines over the four devices, on the
-same prompts. Writes each engine's greedy and sampled rollouts and the logits of a cached
-forward pass with its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2
-engine of the fp32 weights before and after a publication."""
+TP1 on one device, then DP2 x TP2 and DP1 x TP4 engines over the four devices, on the same
+prompts (DP2 x TP2 holds data parallelism; a DP4 x TP1 engine added its compiles and no path).
+Writes each engine's greedy and sampled rollouts and the logits of a cached forward pass with
+its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2 engine of the fp32
+weights before and after a publication."""
 
 import os
 import sys
@@ -24,7 +25,7 @@ from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler  # n
 from locoexp.rollout.engine import JaxEngine  # noqa: E402
 
 MAX_NEW = 12
-LAYOUTS = {"tp1_1dev": (1, 1), "tp1": (1, 4), "tp2": (2, 4), "tp4": (4, 4)}
+LAYOUTS = {"tp1_1dev": (1, 1), "tp2": (2, 4), "tp4": (4, 4)}
 
 
 def cached_logits(engine: JaxEngine, sequences: np.ndarray) -> np.ndarray:
@@ -81,10 +82,10 @@ def greedy_and_sampled(engine: JaxEngine, prompts):
 
 
 def static_waves(model, prompts) -> dict:
-    """Static waves (rollout.scheduler=waves) on DP4 and TP2 x DP2, to set beside the default
-    continuous batching of the same layouts: the same completions request by request."""
+    """Static waves (rollout.scheduler=waves) on TP2 x DP2, to set beside the default continuous
+    batching of the same layout: the same completions request by request."""
     out = {}
-    for name in ("tp1", "tp2"):
+    for name in ("tp2",):
         tp, devices = LAYOUTS[name]
         config = RolloutConfig(
             tensor_parallel=tp, prompt_bucket_tokens=1, capacity=4, scheduler=Scheduler.waves

@@ -2,9 +2,10 @@
 starts: the GRPO loss, metrics and gradients of one batch and the parameters after one update
 from a one-device trainer (the reference) and from a 4-device trainer at EP2 (fsdp2 x expert2)
 of a tiny Qwen3-MoE; then greedy and sampled rollouts (static waves: the fewest programs) of a
-tiny Qwen3-MoE and a tiny Gemma4 MoE from a one-device engine and from 4-device engines at EP2
-(DP2) and EP2 x TP2. Both models route through the one `expert_outputs`; the compiles are what
-this costs (minutes on a loaded 2-core machine), hence one trainer layout and one model there.
+tiny Qwen3-MoE and a tiny Gemma4 MoE from a one-device engine and from a 4-device engine: the
+Qwen3-MoE at EP2 (DP2), the Gemma4 at EP2 x TP2 (`ENGINE_LAYOUTS`). Both models route through
+the one `expert_outputs`; the compiles are what this costs (minutes on a loaded 2-core machine),
+hence one trainer layout and one model there, and one engine layout per model.
 Writes them to an .npz file (argument 1)."""
 
 import os
@@ -19,7 +20,7 @@ import dataclasses  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from moe_ep_cases import ENGINES, MAX_NEW, MODELS, TRAINERS  # noqa: E402
+from moe_ep_cases import ENGINE_LAYOUTS, ENGINES, MAX_NEW, MODELS, TRAINERS  # noqa: E402
 from test_moe_trainer import packed_batch  # noqa: E402
 from tiny_policy import random_prompts  # noqa: E402
 
@@ -84,7 +85,7 @@ def main(path: str) -> None:
     for name, config in MODELS.items():
         for layout in TRAINERS[name]:
             results |= trainer_results(name, config, layout)
-        for layout in ENGINES:
+        for layout in ENGINE_LAYOUTS[name]:
             results |= engine_results(name, config, layout)
             print(name, layout, "done", flush=True)
     np.savez(path, **results)

@@ -1,7 +1,7 @@
 """Expert parallelism gives the one-device results: a tiny Qwen3-MoE trained at EP2 (fsdp2 x
 expert2) over four CPU devices gives the one-device step's loss, metrics, gradients and updated
 parameters within fp32 tolerance, each device holding E/EP experts; engines of a tiny Qwen3-MoE
-and a tiny Gemma4 MoE at EP2 (DP2) and EP2 x TP2 give the one-device engine's greedy and sampled
+at EP2 (DP2) and of a tiny Gemma4 MoE at EP2 x TP2 give the one-device engine's greedy and sampled
 tokens exactly and its log-probs within 1e-5. Also the start-up refusals of an EP degree the
 experts or the devices cannot take.
 
@@ -11,7 +11,7 @@ in a subprocess (tests/moe_ep_worker.py) and this test compares what it wrote.
 
 import numpy as np
 import pytest
-from moe_ep_cases import ENGINES, MODELS, TRAINERS
+from moe_ep_cases import ENGINE_LAYOUTS, ENGINES, MODELS, TRAINERS
 from test_moe_trainer import MOE
 from tiny_policy import TINY
 from workers import worker_results
@@ -71,8 +71,15 @@ def test_expert_parallel_train_step_equals_the_one_device_step(results, name, la
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("layout", [e for e in ENGINES if e != "one_device"])
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [
+        (name, layout)
+        for name in MODELS
+        for layout in ENGINE_LAYOUTS[name]
+        if layout != "one_device"
+    ],
+)
 def test_expert_parallel_engine_equals_the_one_device_engine(results, name, layout):
     want, got = (
         _layout(results, name, "engine", "one_device"),
