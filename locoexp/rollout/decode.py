@@ -51,7 +51,7 @@ class Requests(NamedTuple):
 class Slots(NamedTuple):
     """The decode loop's carry. `request` is R in an empty slot."""
 
-    cache: KVCache  # [W, S, E, h] per layer
+    cache: KVCache  # [W, E, S, h] per layer
     request: Array  # [W] int32
     length: Array  # [W] int32: tokens its request has generated
     prompt_len: Array  # [W] int32
@@ -189,7 +189,8 @@ def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, samp
     )
     cache = tuple(
         tuple(
-            c.at[slot_ids, :prompt_len].set(f, mode="drop") for c, f in zip(layer, new, strict=True)
+            c.at[slot_ids, :, :prompt_len].set(f, mode="drop")
+            for c, f in zip(layer, new, strict=True)
         )
         for layer, new in zip(s.cache, fresh, strict=True)
     )
@@ -209,7 +210,7 @@ def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, samp
 def _decode_iteration(model, s: Slots, requests: Requests, *, sampling, eos_id) -> Slots:
     """One token for every slot; empty slots are computed and their results dropped."""
     width, total = s.request.shape[0], requests.caps.shape[0]
-    slots = s.cache[0][0].shape[1]
+    slots = s.cache[0][0].shape[2]
     prompt_len = requests.prompts.shape[1]
     live = s.request < total
     valid = jnp.arange(slots)[None, :] >= (prompt_len - s.prompt_len)[:, None]
