@@ -102,18 +102,19 @@ def test_forced_lengths_refill_every_slot_and_keep_it_busy(engines, prompts):
 
 
 def refill_by_hand(caps: list[int], *, slots: int) -> tuple[int, int]:
-    """Decode iterations and live slot-iterations of slot refill, simulated: each request's
-    first token comes with its prefill, then one token per iteration; a slot whose request has
-    all its tokens takes the next request at once (4 slots: no compaction below them)."""
+    """Decode iterations and live slot-iterations of slot refill, simulated: the first `slots`
+    requests' first tokens come with their prefill, then one token per iteration; a slot whose
+    request has all its tokens takes the next request at once, whose first token comes with
+    the next iteration's (4 slots: no compaction below them)."""
     waiting, remaining = list(caps), []
     iterations = live = 0
 
     def fill():
         while waiting and len(remaining) < slots:
-            left = waiting.pop(0) - 1
-            if left:
-                remaining.append(left)
+            remaining.append(waiting.pop(0))
 
+    fill()
+    remaining[:] = [r - 1 for r in remaining if r > 1]
     fill()
     while remaining:
         iterations, live = iterations + 1, live + len(remaining)

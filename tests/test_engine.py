@@ -432,13 +432,13 @@ def test_chunked_prefill_equals_one_shot_prefill(model, chunk):
     assert padded_prompt_tokens(16, chunked.config) == (16 if chunk == 4 else 20)
     whole, lens = prefill_state(one_shot, prompts, MAX_NEW)
     parts, _ = prefill_state(chunked, prompts, MAX_NEW)
-    shift = parts.cache[0][0].shape[1] - whole.cache[0][0].shape[1]  # extra left padding
+    shift = parts.cache[0][0].shape[2] - whole.cache[0][0].shape[2]  # extra left padding
     for (wk, wv), (pk, pv) in zip(whole.cache, parts.cache, strict=True):
         for n, length in enumerate(lens):
             real = slice(16 - length, 16)  # the prompt's slots in the one-shot cache
             moved = slice(16 - length + shift, 16 + shift)
-            np.testing.assert_allclose(pk[n, moved], wk[n, real], atol=1e-5, rtol=0)
-            np.testing.assert_allclose(pv[n, moved], wv[n, real], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(pk[n, :, moved], wk[n, :, real], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(pv[n, :, moved], wv[n, :, real], atol=1e-5, rtol=0)
     np.testing.assert_array_equal(parts.tokens[:, 0], whole.tokens[:, 0])
     np.testing.assert_allclose(parts.logprobs[:, 0], whole.logprobs[:, 0], atol=1e-5, rtol=0)
     greedy = chunked.generate(

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 Array = jax.Array
-KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, S, E, h]
+KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys and values [B, E, S, h]
 
 _MASKED = -1e30  # finite so that fully masked (padding) rows give uniform, not NaN, weights
 
@@ -168,8 +168,14 @@ def attend_cached(
     cache_index,
     window: int = 0,
 ) -> tuple[Array, tuple[Array, Array]]:
-    """Attention of T new tokens over a KV cache: q [B,T,H,h], k/v [B,T,K,h], valid [B,S] ->
-    out [B,T,H*h] and the cache with the new keys/values written at [cache_index, +T).
+    """Attention of T new tokens over a KV cache: q [B,T,H,h], k/v [B,T,K,h], valid [B,S],
+    cache [B,E,S,h] -> out [B,T,H*h] and the cache with the new keys/values written at slots
+    [cache_index, +T).
+
+    The cache is head-major ([B,E,S,h], as vLLM's paged cache): the score and output products
+    are dot_generals batched over (B, E), which XLA's CPU backend runs on the cache in place;
+    with slots before heads ([B,S,E,h]) it transposed every layer's whole cache every decode
+    iteration (about half the body's time at W1's 64 slots, experiments/LOG.md, session 15).
 
     New token i sits at slot cache_index + i and attends every valid slot up to its own, so the
     scores are [B,H,T,S] per layer: one row per new token during decode (T = 1), one chunk of
@@ -180,25 +186,26 @@ def attend_cached(
     `cache_index` gives each row its own slot (continuous batching: rows admitted at different
     iterations), written by a per-row update."""
     b, t, heads, h = q.shape
-    e = cache[0].shape[2]
+    e = cache[0].shape[1]
     if e != k.shape[2]:
         k, v = (jnp.repeat(x, e // k.shape[2], axis=2) for x in (k, v))
+    k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))  # [B,E,T,h]: the cache's layout
     if jnp.ndim(cache_index) == 0:
-        write = lambda c, x: jax.lax.dynamic_update_slice(c, x, (0, cache_index, 0, 0))
+        write = lambda c, x: jax.lax.dynamic_update_slice(c, x, (0, 0, cache_index, 0))
     else:
-        one_row = lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0))
+        one_row = lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0))
         write = lambda c, x: jax.vmap(one_row)(c, x, cache_index)
     cache_k, cache_v = (write(c, x.astype(c.dtype)) for c, x in zip(cache, (k, v), strict=True))
     index = jnp.broadcast_to(cache_index, (b,))
-    slots = cache_k.shape[1]
+    slots = cache_k.shape[2]
     behind = (index[:, None] + jnp.arange(t))[:, :, None] - jnp.arange(slots)[None, None, :]
     causal = (behind >= 0) & (behind < window) if window else behind >= 0  # [B, T, S]
     mask = causal & valid[:, None, :]
     q = q.reshape(b, t, e, heads // e, h)
-    scores = jnp.einsum("btkrh,bskh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkrh,bksh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(cache_v.dtype)
-    out = jnp.einsum("bkrts,bskh->btkrh", probs, cache_v).reshape(b, t, heads * h)
+    out = jnp.einsum("bkrts,bksh->btkrh", probs, cache_v).reshape(b, t, heads * h)
     return out.astype(q.dtype), (cache_k, cache_v)
 
 
@@ -417,13 +424,14 @@ def softcap(logits: Array, cap: float) -> Array:
 def init_cache(
     config: ModelConfig, batch: int, slots: int, dtype=None, *, heads: int | None = None
 ) -> KVCache:
-    """Zeroed KV cache for `batch` rows of `slots` positions and `heads` heads per layer (default
-    the KV heads; a multiple of them repeats each KV head, see `attend_cached`)."""
+    """Zeroed KV cache [batch, heads, slots, head_dim] per layer (head-major: see
+    `attend_cached`); `heads` defaults to the KV heads, a multiple of them repeats each KV
+    head."""
     dtype = dtype or _dtype(config)
 
     def layer(i: int) -> tuple[Array, Array]:
         kv_heads, head_dim = config.layer_kv_shape(i)
-        shape = (batch, slots, max(heads or kv_heads, kv_heads), head_dim)
+        shape = (batch, max(heads or kv_heads, kv_heads), slots, head_dim)
         return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
     return tuple(layer(i) for i in range(config.num_layers))

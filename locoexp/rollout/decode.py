@@ -9,7 +9,8 @@ slot per generated token), how many tokens it has generated and its last token. 
   per token (the paper's Eq. 2 per-iteration terms are all device time). A slot whose request
   ends (EOS or its cap) is empty; with `refill` the loop prefills the next waiting request into
   it at once, one request per data-parallel replica at a time, on device (continuous batching:
-  App. G's engines decode "a step's 32 rows in one continuous batch", as vLLM does). The loop
+  App. G's engines decode "a step's 32 rows in one continuous batch", as vLLM does), and the
+  next iteration samples its first token with every other slot's. The loop
   returns to the host when no slot is live, or when nothing waits and at most `floor` slots
   are live.
 - `compact` gathers the live slots into a narrower width, so a step's tail is not decoded at
@@ -51,11 +52,15 @@ class Requests(NamedTuple):
 class Slots(NamedTuple):
     """The decode loop's carry. `request` is R in an empty slot."""
 
-    cache: KVCache  # [W, S, E, h] per layer
+    cache: KVCache  # [W, E, S, h] per layer
     request: Array  # [W] int32
     length: Array  # [W] int32: tokens its request has generated
     prompt_len: Array  # [W] int32
     last: Array  # [W] int32: its request's last token
+    # [W] bool: refilled since the last decode iteration, its first token not yet sampled;
+    # `fresh` [W, D] holds such a slot's last prompt hidden state (see `_decode_iteration`)
+    pending: Array
+    fresh: Array
     waiting: Array  # int32: the next request no slot has taken (R when none waits)
     tokens: Array  # [R, M] int32 by request, pad past each end
     logprobs: Array  # [R, M] float32, 0 past each end
@@ -155,6 +160,8 @@ def start(
         length=jnp.zeros((width,), jnp.int32),
         prompt_len=prompt_lens,
         last=jnp.full((width,), pad_id, jnp.int32),
+        pending=jnp.zeros((width,), bool),
+        fresh=jnp.zeros_like(last),
         waiting=jnp.int32(min(width, total)),
         tokens=jnp.full((total, max_new), pad_id, jnp.int32),
         logprobs=jnp.zeros((total, max_new), jnp.float32),
@@ -170,8 +177,10 @@ def start(
 
 def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, sampling, eos_id):
     """One refill round: each replica with an empty slot takes the next waiting request, in
-    replica order; the requests' prompts are prefilled together, their cache rows written into
-    the slots, their first tokens sampled."""
+    replica order; the requests' prompts are prefilled together and their cache rows written
+    into the slots. Their first tokens are sampled by the next decode iteration, from the
+    prompts' last hidden states (`fresh`), in the same output-head call as every other slot's
+    token: a refill pays the prompt's body, not an output head and a sampler of its own."""
     width, total = s.request.shape[0], requests.caps.shape[0]
     prompt_len = requests.prompts.shape[1]
     empty = (s.request == total).reshape(replicas, width // replicas)
@@ -184,48 +193,45 @@ def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, samp
     )
     taken = jnp.minimum(request_ids, total - 1)
     prompt_lens = requests.prompt_lens[taken]
-    fresh, last = _prefill_rows(
+    prefilled, last = _prefill_rows(
         model, requests.prompts[taken], prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
     )
-    cache = tuple(
-        tuple(
-            c.at[slot_ids, :prompt_len].set(f, mode="drop") for c, f in zip(layer, new, strict=True)
-        )
-        for layer, new in zip(s.cache, fresh, strict=True)
-    )
-    s = s._replace(
-        cache=cache,
+    put = lambda c, f: c.at[slot_ids, :, :prompt_len].set(f, mode="drop")
+    return s._replace(
+        cache=jax.tree.map(put, s.cache, prefilled),
+        request=s.request.at[slot_ids].set(request_ids, mode="drop"),
         length=s.length.at[slot_ids].set(0, mode="drop"),
         prompt_len=s.prompt_len.at[slot_ids].set(prompt_lens, mode="drop"),
+        pending=s.pending.at[slot_ids].set(True, mode="drop"),
+        fresh=s.fresh.at[slot_ids].set(last, mode="drop"),
         waiting=s.waiting + take.sum(dtype=jnp.int32),
         counts=s.counts.at[3].add(take.sum(dtype=jnp.int32)),
     )
-    token, logprob = _sample_rows(
-        sampling, s.key, requests.first + taken, jnp.zeros_like(taken), model.logits(last)
-    )
-    return _record(s, slot_ids, request_ids, token, logprob, requests, sampling, eos_id)
 
 
 def _decode_iteration(model, s: Slots, requests: Requests, *, sampling, eos_id) -> Slots:
-    """One token for every slot; empty slots are computed and their results dropped."""
+    """One token for every slot; empty slots are computed and their results dropped. A pending
+    slot (refilled, `_refill`) takes its first token from its prompt's hidden state in place of
+    the body's output; its body row is computed and dropped, its key/value written at slot P,
+    which its first token's overwrites next iteration (the prompt's slots stay intact)."""
     width, total = s.request.shape[0], requests.caps.shape[0]
-    slots = s.cache[0][0].shape[1]
+    slots = s.cache[0][0].shape[2]
     prompt_len = requests.prompts.shape[1]
     live = s.request < total
     valid = jnp.arange(slots)[None, :] >= (prompt_len - s.prompt_len)[:, None]
     position = s.prompt_len + s.length - 1  # the last token's position in its sequence
-    hidden, cache = model(
-        s.last[:, None], position[:, None], valid, s.cache, prompt_len + s.length - 1
-    )
+    write_at = prompt_len + s.length - 1 + s.pending
+    hidden, cache = model(s.last[:, None], position[:, None], valid, s.cache, write_at)
+    hidden = jnp.where(s.pending[:, None], s.fresh, hidden[:, 0])
     token, logprob = _sample_rows(
         sampling,
         s.key,
         requests.first + jnp.minimum(s.request, total - 1),
         s.length,
-        model.logits(hidden[:, 0]),
+        model.logits(hidden),
     )
     counts = s.counts + jnp.array([1, 0, width, 0], jnp.int32).at[1].set(live.sum())
-    s = s._replace(cache=cache, counts=counts)
+    s = s._replace(cache=cache, counts=counts, pending=jnp.zeros_like(s.pending))
     return _record(s, jnp.arange(width), s.request, token, logprob, requests, sampling, eos_id)
 
 
@@ -282,4 +288,6 @@ def compact(slots: Slots, *, width) -> Slots:
         length=take(slots.length),
         prompt_len=take(slots.prompt_len),
         last=take(slots.last),
+        pending=take(slots.pending),
+        fresh=take(slots.fresh),
     )

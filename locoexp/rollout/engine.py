@@ -62,7 +62,9 @@ class Rollout:
     logprobs: np.ndarray  # [N, M] float32, behaviour log-probs of the sampled tokens, 0 past end
     lengths: np.ndarray  # [N] int32, generated tokens including EOS
     truncated: np.ndarray  # [N] bool, hit the cap without EOS
-    decode_iterations: int  # summed over waves (the first token comes from prefill)
+    # summed over waves; the first token comes from prefill, a refilled request's from the
+    # next decode iteration (continuous batching)
+    decode_iterations: int
     waves: int
     # Seconds of prefill and of decode iterations, summed over waves, compiles excluded; None
     # where an engine interleaves the two (vLLM's scheduler). Under continuous batching the

@@ -133,6 +133,8 @@ class SlotPrograms:
             length=rows,
             prompt_len=rows,
             last=rows,
+            pending=rows,
+            fresh=rows,
             waiting=self.replicated,
             tokens=self.replicated,
             logprobs=self.replicated,

@@ -110,5 +110,5 @@ def param_shardings(params, mesh: Mesh, model: ModelConfig, tensor_parallel: int
 
 
 def cache_sharding(mesh: Mesh) -> NamedSharding:
-    """KV cache [C, S, E, h]: rows over data, heads over tensor."""
-    return NamedSharding(mesh, PS(DATA, None, TENSOR, None))
+    """KV cache [C, E, S, h]: rows over data, heads over tensor."""
+    return NamedSharding(mesh, PS(DATA, TENSOR, None, None))
