@@ -28,9 +28,11 @@ The reward is W1's own (the share of even ids in a completion, locoexp/dataset/r
 it differs within a group, so advantages are non-zero and the trainer does its full work.
 
 Figures, all measured here: each step's wall time (host clock between the ends of consecutive
-steps), the phases Tunix's own perf tracer (v1) exposes per global step (rollout, actor training,
-weight sync, the global step), the median over the steady steps (after 2 warm-up steps, as
-locoexp.metrics.steady), time to first step and peak RSS (resource.getrusage).
+steps) and this process's CPU seconds, the phases Tunix's own perf tracer (v1) exposes per global
+step (rollout, actor training, weight sync, the global step), the median over the steady steps
+(after 2 warm-up steps, as locoexp.metrics.steady), time to first step and peak RSS
+(resource.getrusage). It needs about 15 GB of free memory (peak RSS measured on 2026-12-03:
+Tunix materialises W1's [64, 128, 151,936] fp32 training logits, experiments/LOG.md session 15).
 """
 
 import argparse
@@ -48,7 +50,7 @@ import optax
 import qwix
 import yaml
 from flax import nnx
-from process_stats import load_averages, peak_rss_gb, process_age_s  # this folder
+from process_stats import cpu_seconds, load_averages, peak_rss_gb, process_age_s  # this folder
 from tunix.models.qwen3 import model as qwen3
 from tunix.perf import export as perf_export
 from tunix.perf import metrics as perf_metrics
@@ -59,6 +61,7 @@ from tunix.rl.rollout import base_rollout
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 2  # locoexp.metrics.steady.WARMUP_STEPS: the first steps compile
 PHASES = ("rollout", "actor_train", "weight_sync", "global_step")  # Tunix's perf v1 names
+COLUMNS = ("step_s", "cpu_s", *PHASES)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -217,19 +220,24 @@ def build_lora_model(w1: W1, rank: int, alpha: float) -> nnx.Module:
 
 
 class StepClock:
-    """Tunix's perf v1 export, called once per global step: its phase times and a host clock."""
+    """Tunix's perf v1 export, called once per global step: its phase times, a host clock and
+    this process's CPU seconds (the work a step did, whatever share of the cores it got)."""
 
     def __init__(self, cluster_config: rl_cluster_lib.ClusterConfig):
         self.export = perf_export.PerfMetricsExport.from_cluster_config(cluster_config)
-        self.start = time.perf_counter()
         self.steps: list[dict[str, float]] = []
+        self.begin()
+
+    def begin(self) -> None:
+        self.start, self.cpu = time.perf_counter(), cpu_seconds()
 
     def __call__(self, query: perf_metrics.PerfSpanQuery) -> perf_metrics.MetricsT:
         metrics = self.export(query)
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), cpu_seconds()
         self.steps.append(
             {
                 "step_s": now - self.start,
+                "cpu_s": cpu - self.cpu,
                 "rollout": float(metrics["perf/sum/rollout_time"][0]),
                 "actor_train": float(metrics["perf/sum/actor_train_time"][0]),
                 "weight_sync": float(metrics["perf/weight_sync_time"][0]),
@@ -237,7 +245,7 @@ class StepClock:
                 "process_age_s": process_age_s(),
             }
         )
-        self.start = now
+        self.start, self.cpu = now, cpu
         return metrics
 
 
@@ -300,21 +308,27 @@ class LengthCheck:
         return [0.0] * len(completions)
 
 
+def available_memory_gb() -> float:
+    """MemAvailable of /proc/meminfo, in GB (2**30 bytes)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024**2
+    raise SystemExit("/proc/meminfo has no MemAvailable line: this tool needs Linux.")
+
+
 def lora_params(model: nnx.Module) -> int:
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
 
 
 def print_table(report: dict) -> None:
+    """One row a step (seconds), then the median over the steady steps."""
     steps, steady = report["steps"], report["steady"]
-    print(f"\n{'step':>5} {'wall s':>8} " + " ".join(f"{p:>12}" for p in PHASES))
+    print("\n  step " + " ".join(f"{c:>12}" for c in COLUMNS))
     for i, s in enumerate(steps):
         mark = "" if i >= WARMUP_STEPS else "  (warm-up: compiles)"
-        print(f"{i:>5} {s['step_s']:>8.2f} " + " ".join(f"{s[p]:>12.2f}" for p in PHASES) + mark)
-    print(
-        f"{'median':>5} {steady['step_s']:>8.2f} "
-        + " ".join(f"{steady[p]:>12.2f}" for p in PHASES)
-        + f"  (steps {WARMUP_STEPS}-{len(steps) - 1})"
-    )
+        print(f"{i:>6} " + " ".join(f"{s[c]:>12.2f}" for c in COLUMNS) + mark)
+    window = f"  (steps {WARMUP_STEPS}-{len(steps) - 1})"
+    print("median " + " ".join(f"{steady[c]:>12.2f}" for c in COLUMNS) + window)
     print(
         f"time to first step {report['first_step_s']:.1f} s (process start to the end of step 0); "
         f"peak RSS {report['peak_rss_gb']:.2f} GB; LoRA parameters {report['lora_params']:,}; "
@@ -331,6 +345,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--alpha", type=float, default=64.0, help="LoRA alpha (the recipe: 64)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=16.0,
+        help="refuse to start with less memory available (W1 under Tunix peaks at ~15.2 GB RSS)",
+    )
     args = parser.parse_args(argv)
     for key in ("steps", "rank"):
         if getattr(args, key) < 1:
@@ -344,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     w1 = W1()
     check_w1(w1, ROOT)
+    free_gb = available_memory_gb()
+    if free_gb < args.min_free_gb:
+        raise SystemExit(
+            f"Only {free_gb:.1f} GB of memory is available and this run peaks at about 15 GB "
+            f"(--min-free-gb={args.min_free_gb}): free memory first, or lower --min-free-gb."
+        )
     import tunix  # noqa: PLC0415 (only for its version)
 
     print(
@@ -355,13 +381,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model = build_lora_model(w1, args.rank, args.alpha)
     lengths = LengthCheck(w1)
     learner, clock = build_learner(w1, model, steps, lengths)
-    learner.train(w1_prompts(w1, steps))
+    prompts = w1_prompts(w1, steps)
+    clock.begin()
+    learner.train(prompts)
     if len(clock.steps) != steps:
         raise SystemExit(f"Tunix ran {len(clock.steps)} global steps, not {steps}.")
     steady = clock.steps[WARMUP_STEPS:]
     report = {
         "steps": clock.steps,
-        "steady": {k: statistics.median(s[k] for s in steady) for k in ("step_s", *PHASES)},
+        "steady": {k: statistics.median(s[k] for s in steady) for k in COLUMNS},
         "first_step_s": clock.steps[0]["process_age_s"],
         "peak_rss_gb": peak_rss_gb(),
         "lora_params": lora_params(learner.rl_cluster.actor_trainer.model),

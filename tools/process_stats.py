@@ -17,5 +17,11 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KB on Linux
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (against wall time: the cores it really got)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def load_averages() -> str:
     return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
