@@ -38,7 +38,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from process_stats import cpu_seconds, load_averages, peak_rss_gb, process_age_s  # this folder
 from step_matmuls import (  # this folder (a script's folder is on its path)
     measure_shapes,
     rollout_parts,
@@ -74,27 +74,6 @@ from locoexp.session.build import build_spec
 
 W1 = ["+experiment=bench_w1"]  # experiments/experiment/bench_w1.yaml
 PHASES = ("admission", "generation", "reward", "pack", "train", "publish")
-
-
-def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; includes interpreter start and imports)."""
-    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KB on Linux
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process (against wall time: the cores it really got)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def load_averages() -> str:
-    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def time_repeats(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> list[float]:
