@@ -163,6 +163,22 @@ def test_figure_4s_ratio_is_compares_geometric_mean_over_launches(tmp_path):
     assert labels == {"chips"}  # TPU chips; a hardware=cpu run counts CPU hosts
 
 
+def test_ratio_labels_of_close_steps_do_not_overlap(tmp_path):
+    # co_vs_da_cpu's 3-launch sweep: da 0.5 and da 0.75 within 4% of each other (3.37x, 3.25x)
+    from locoexp.analysis.figures import by_chips  # noqa: PLC0415
+
+    write_run(tmp_path / "co", noisy(0.676, spread=0.0), placement="co")
+    for split, median in ((0.25, 0.099), (0.5, 0.201), (0.75, 0.208)):
+        write_run(tmp_path / f"da-{split}", noisy(median, spread=0.0), placement="da", split=split)
+    fig = by_chips(find_runs([tmp_path]), steady=None, arms="co_da", title="Figure 6")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for ax in fig.axes for t in ax.texts]
+    plt.close(fig)
+    assert len(boxes) == 3
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
 def test_cpu_runs_are_counted_in_hosts_not_chips(tmp_path):
     from locoexp.analysis.figures import by_chips  # noqa: PLC0415
 
