@@ -179,6 +179,21 @@ def test_ratio_labels_of_close_steps_do_not_overlap(tmp_path):
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
+def test_step_time_panels_draw_each_cells_first_launch(tmp_path):
+    # a 3-launch sweep drew every cell three times over (12 runs of co_vs_da_cpu: colliding bars)
+    for launch in range(3):
+        write_run(tmp_path / f"co-{launch}", noisy(0.7), launch=launch)
+        write_run(tmp_path / f"da-{launch}", noisy(0.1), placement="da", split=0.25, launch=launch)
+    fig = report_panels.step_time(find_runs([tmp_path]), steady=None)
+    lines = {ax.get_title(): ax.get_legend_handles_labels()[1] for ax in fig.axes}
+    title = fig._suptitle.get_text()
+    plt.close(fig)
+    assert len(lines["Step time"]) == 2 and all(
+        label.endswith("-0") for label in lines["Step time"]
+    )
+    assert title == "Step time (each cell's first launch)"
+
+
 def test_cpu_runs_are_counted_in_hosts_not_chips(tmp_path):
     from locoexp.analysis.figures import by_chips  # noqa: PLC0415
 

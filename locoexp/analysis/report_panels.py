@@ -32,17 +32,29 @@ def colors(runs: Sequence[Run]) -> dict[str, str]:
     return {g: cycle[i % len(cycle)] for i, g in enumerate(groups)}
 
 
+def first_launches(runs: Sequence[Run]) -> list[Run]:
+    """Each cell's first launch (the cell: `Run.label`): per-step panels of a 3-launch sweep
+    would draw every cell three times over (`compare` and Figures 4-6 pool the launches)."""
+    first = {}
+    for run in runs:
+        if run.label not in first or run.launch < first[run.label].launch:
+            first[run.label] = run
+    return [run for run in runs if first[run.label] is run]
+
+
 def step_time(runs: Sequence[Run], *, steady: str | None):
     panels = _section("Step time").panels
+    shown = first_launches(runs)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
     for ax, panel in zip(axes, panels, strict=True):
         ax.set_title(panel.title)
         ax.set_ylabel(panel.y_label)
         if panel.kind is PanelKind.stacked:
-            draw_breakdown(ax, runs, steady=steady)
+            draw_breakdown(ax, shown, steady=steady)
         else:
-            draw_lines(ax, panel, runs)
-    fig.suptitle("Step time")
+            draw_lines(ax, panel, shown)
+    repeats = " (each cell's first launch)" if len(shown) < len(runs) else ""
+    fig.suptitle(f"Step time{repeats}")
     return fig
 
 
