@@ -5,6 +5,7 @@ device (each micro-batch's loss slots spread over the 4 devices' lanes, `trainer
 Writes them to an .npz file (argument 1)."""
 
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = (
@@ -19,11 +20,14 @@ from test_planner_xla import SHAPES, compiled_train_step, footprint  # noqa: E40
 from tiny_policy import random_prompts, tiny_model  # noqa: E402
 
 from locoexp.algo.config import AlgoConfig  # noqa: E402
+from locoexp.model.config import ModelConfig  # noqa: E402
 from locoexp.trainer.config import AttentionKind, TrainerConfig  # noqa: E402
 from locoexp.trainer.packing import pack_sequences  # noqa: E402
 from locoexp.trainer.trainer import Trainer  # noqa: E402
 
 MAX_NEW = 12
+CPU_ATTENTION = (AttentionKind.dense, AttentionKind.blockwise)  # splash is TPU-only
+ROW_SHAPE = (40, 48)  # rows x tokens of the activation check: no weight of the model is 40 wide
 LAYOUTS = {  # name: (devices, micro_batch_rows)
     "one_device": (1, 0),
     "fsdp4": (4, 0),
@@ -43,6 +47,19 @@ def batch():
     return pack_sequences(
         prompts, completions, behaviour, advantages, row_tokens=32, rows_multiple=4
     )
+
+
+def row_activation_gathers(kind: AttentionKind) -> list[str]:
+    """The all-gathers of the 4-device step of the embedded task's model (conf/model/tiny.yaml:
+    vocabulary 16 < hidden 64, so FSDP shards its embedding on the hidden axis) whose output
+    has a row dimension: [40, ...] rows or [1920, ...] tokens. FSDP gathers weights and loss
+    slots; a gathered row activation is XLA replicating what the partitioner laid out wrongly."""
+    rows, tokens = ROW_SHAPE
+    config = TrainerConfig(attention=kind, attention_block_tokens=16)
+    compiled = compiled_train_step(ModelConfig(), config, rows, tokens, 1024, devices=4)
+    shapes = re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather\(", compiled.as_text())
+    assert shapes, "no all-gather: the step is not FSDP-sharded"
+    return [s for s in shapes if {rows, rows * tokens} & {int(d) for d in s.split(",") if d}]
 
 
 def main(path: str) -> None:
@@ -71,6 +88,8 @@ def main(path: str) -> None:
     )
     compiled = compiled_train_step(model, config, 4 * rows, row_tokens, 4 * slots, devices=4)
     out["xla4/micro1"] = np.asarray(footprint(compiled))
+    for kind in CPU_ATTENTION:
+        out[f"row_gathers/{kind.value}"] = np.asarray(row_activation_gathers(kind))
     np.savez(path, **out)
 
 

@@ -37,6 +37,24 @@ class AttentionSpec:
     # Sliding-window attention (Gemma4's local layers): a query attends only to the keys less
     # than `window` tokens behind it (HF's sliding_window); 0 = the whole causal past.
     window: int = 0
+    # How the trainer lays packed rows over its devices: a sharding of the row axis alone
+    # (`jax.sharding.NamedSharding` of a 1-D [B] array), or None (one device, or the caller's
+    # own). The packed forward pins every [B, ...] activation to it (`constrain_rows`).
+    rows: jax.sharding.NamedSharding | None = None
+
+
+def constrain_rows(spec: AttentionSpec | None, x: Array) -> Array:
+    """x [B, ...] held as `spec.rows` lays the rows (dim 0) over the devices, every other
+    dimension whole on each device: FSDP's activations. Without it the partitioner may carry a
+    weight's sharding into the activations (Shardy picked [1, 2, 2, 1] tiles of the attention's
+    [B, K, R*Q, C] blocks from the FSDP-sharded projections of a 64-wide model on 4 devices) and
+    then replicate whole tensors inside the attention's backward loop to get back ("Involuntary
+    full rematerialization")."""
+    if spec is None or spec.rows is None:
+        return x
+    mesh, axis = spec.rows.mesh, spec.rows.spec[0]
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
+    return jax.lax.with_sharding_constraint(x, sharding)
 
 
 def causal_segment_mask(segment_ids: Array, window: int = 0) -> Array:

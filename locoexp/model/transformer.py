@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask
+from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask, constrain_rows
 from locoexp.model.config import ModelConfig, RematPolicy
 from locoexp.model.moe import MoE, RouterStats, load_balancing_loss, no_router_stats
 from locoexp.model.remat import call_block_outputs
@@ -140,6 +140,7 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if segment_ids is not None:  # packed training rows: no [T, S] mask, no cache
+            q, k, v = (constrain_rows(attention, a) for a in (q, k, v))
             out = attend(attention, q, k, v, segment_ids).reshape(b, t, self.num_heads * h)
             return self.o_proj(out), None
         if cache is not None:
@@ -388,13 +389,14 @@ class Transformer(nnx.Module):
         """`packed_hidden` and the router statistics summed over the MoE blocks (None for a
         dense model): `router_loss` turns them into the load-balancing loss."""
         inv_freq = rope_frequencies(self.config)
-        x = self.embed_tokens(tokens)
+        x = constrain_rows(attention, self.embed_tokens(tokens))
         stats = no_router_stats(self.config.num_experts) if self.config.moe else None
         for layer in self.layers:
             x, _, *layer_stats = call_block_outputs(
                 layer, x, remat, positions=positions, mask=None, inv_freq=inv_freq,
                 segment_ids=segment_ids, attention=attention,
             )  # fmt: skip
+            x = constrain_rows(attention, x)
             if layer_stats:
                 stats = stats + layer_stats[0]
         return self.final_norm(x), stats

@@ -242,7 +242,9 @@ class Trainer:
             softcap=model.config.final_logit_softcap,
         )
         self.attention = AttentionSpec(
-            kind=config.attention, block_tokens=config.attention_block_tokens
+            kind=config.attention,
+            block_tokens=config.attention_block_tokens,
+            rows=NamedSharding(mesh, PS(_all_devices(mesh))) if mesh.devices.size > 1 else None,
         )
         self.batch_shardings = batch_shardings(mesh)
         self.steps_done = 0
