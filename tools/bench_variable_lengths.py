@@ -2,6 +2,7 @@
 
     python tools/bench_variable_lengths.py [--capacity 64] [--max-new 128] [--multiples 1 2 4]
     python tools/bench_variable_lengths.py --uniform --max-new 64 --multiples 1   # W1's forced
+    python tools/bench_variable_lengths.py --dtype bfloat16   # Table I3's bf16 sampler
     /opt/vllm-venv/bin/python tools/bench_variable_lengths.py --engine vllm   # README's venv
 
 W1's model (`+experiment=bench_w1`: the Qwen3 architecture at model=tiny_qwen, fp32, random
@@ -125,6 +126,12 @@ def full_slot_cost(engine, prompts, max_new: int, capacity: int, repeats: int) -
     }
 
 
+def dtype_override(args) -> list[str]:
+    """The engine's weights, activations and KV cache dtype (`rollout.param_dtype`); the model
+    stays fp32, as a float32 trainer publishing into a bfloat16 sampler (Table I3)."""
+    return [f"rollout.param_dtype={args.dtype}"] if args.dtype else []
+
+
 def run_jax(args, prompts, lengths) -> list[dict]:
     engines = {
         scheduler: build(
@@ -132,6 +139,7 @@ def run_jax(args, prompts, lengths) -> list[dict]:
                 f"rollout.capacity={args.capacity}",
                 f"rollout.scheduler={scheduler}",
                 f"dataset.max_new_tokens={args.max_new}",
+                *dtype_override(args),
             ]
         )[1]
         for scheduler in ("waves", "continuous")
@@ -161,6 +169,7 @@ def run_vllm(args, prompts, lengths) -> list[dict]:
         f"rollout.capacity={args.capacity}",
         f"rollout.kv_cache_gib={args.kv_cache_gib}",
         f"dataset.max_new_tokens={args.max_new}",
+        *dtype_override(args),
         *(["rollout.enforce_eager=true"] if args.enforce_eager else []),
     ]
     _, engine = build(overrides)
@@ -200,6 +209,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM-CPU's KV cache")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without compile")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="the engine's dtype, rollout.param_dtype (default: the model's, fp32)",
+    )
     parser.add_argument("--uniform", action="store_true", help="every length --max-new (W1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     return parser.parse_args(argv)
@@ -208,7 +223,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     print(
-        f"variable-length rollout, CPU figures ({os.cpu_count()} CPUs, jax {jax.__version__}); "
+        f"variable-length rollout, CPU figures ({os.cpu_count()} CPUs, jax {jax.__version__}, "
+        f"engine dtype {args.dtype or 'the model dtype'}); "
         f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
