@@ -104,6 +104,37 @@ def test_da_against_co_on_gsm8k_decides_on_the_welch_interval_alone(tmp_path):
     assert headline["baseline_s"] == pytest.approx(8.20, rel=0.01)
 
 
+def test_compare_refuses_an_arm_that_pools_cells(tmp_path, capsys):
+    """A sweep's `placement.kind=da` matched every split and `compare` pooled them as launches
+    of one arm (co_vs_da_cpu: 9 launches labelled "da 0.25"); an arm is one cell's launches."""
+    sweep = tmp_path / "sweep"
+    arm(sweep, "co", 5.08, dataset="gsm8k", hosts=2)
+    arm(sweep, "da25", 3.0, placement="da", split=0.25, dataset="gsm8k", hosts=2)
+    arm(sweep, "da50", 4.0, placement="da", split=0.5, dataset="gsm8k", hosts=2)
+    args = ["compare", str(sweep), "--baseline", "placement.kind=co", "--ours", "placement.kind=da"]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "ours arm holds 6 runs" in error and "split (0.25, 0.5)" in error
+    assert "add the key to --ours, e.g. split=0.25" in error
+    assert main([*args, "split=0.25", "--json"]) == 0  # one cell's 3 launches
+    headline = json.loads(capsys.readouterr().out)["headline"]
+    assert headline["ratio"] == pytest.approx(5.08 / 3.0, rel=0.1)
+    # two paths: each must hold one cell's runs
+    assert main(["compare", str(sweep / "co-0"), str(sweep)]) == 2
+    assert "give one cell's runs per path" in capsys.readouterr().err
+
+
+def test_cost_refuses_seeds_of_two_cells(tmp_path, capsys):
+    seeds(tmp_path / "sweep", "c4", chips=4, scores=(0.86,) * 4, hours_at_275=23.3)
+    seeds(tmp_path / "sweep", "c16", chips=16, scores=(0.86,) * 4, hours_at_275=48.0)
+    assert main(["cost", str(tmp_path / "sweep")]) == 2
+    error = capsys.readouterr().err
+    assert "ours arm holds 6 runs" in error and "hardware.chips (4, 16)" in error
+    assert "add the key to --select" in error
+    assert main(["cost", str(tmp_path / "sweep"), "--select", "hardware.chips=4"]) == 0
+
+
 def test_da_against_co_with_two_launches_is_provisional(tmp_path):
     da = arm(tmp_path, "da", 40.4, placement="da", split=0.5, dataset="swe_agent", hosts=8)
     co = arm(tmp_path, "co", 31.1, dataset="swe_agent", hosts=8, launches=2)

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from locoexp.analysis import accounting, compare, cost, recommend
-from locoexp.analysis.runs import find_runs, select
+from locoexp.analysis.runs import find_runs, require_one_cell, select
 from locoexp.errors import ConfigError
 
 
@@ -51,6 +51,12 @@ def run_compare(args) -> dict:
     for name, arm in (("baseline", baseline), ("ours", ours)):
         if not arm:
             raise ConfigError(f"no run matches the {name} arm ({getattr(args, name) or 'path'}).")
+        how = (
+            f"add the key to --{name}"
+            if args.baseline or args.ours
+            else "give one cell's runs per path, or a sweep with --baseline/--ours KEY=VALUE"
+        )
+        require_one_cell(arm, name, how)
     return compare.compare_arms(baseline, ours, rule=args.rule, steady=args.steady)
 
 
@@ -322,10 +328,14 @@ def add_cost(commands) -> None:
 
 def run_cost(args) -> dict:
     ours = select(find_runs(args.runs), args.select)
+    if ours:
+        require_one_cell(ours, "ours", "add the key to --select")
     cell = cost.build_cell(ours, target=args.target)
     if not args.against and not args.against_select:
         return cost.cell_report(cell)
     against = select(find_runs(args.against or args.runs), args.against_select)
+    if against:
+        require_one_cell(against, "against", "add the key to --against-select")
     return cost.compare_cells(cell, cost.build_cell(against, target=cell.target))
 
 

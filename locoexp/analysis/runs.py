@@ -140,6 +140,59 @@ def select(runs: Sequence[Run], filters: Sequence[str]) -> list[Run]:
     return [r for r in runs if all(_text(r.get(k)) == v for k, v in wanted)]
 
 
+# Config keys (and groups) that differ between the runs of one cell: its launches (Appendix A),
+# its seeds (Appendix I), and where and how each run logs or resumes.
+REPEAT_KEYS = ("launch", "seed", "logger", "hardware.process_id", "resume")
+
+
+def cell_differences(runs: Sequence[Run]) -> dict[str, list[str]]:
+    """The config keys whose values differ among `runs` (as `select` compares them), besides
+    `REPEAT_KEYS`, the keys with the most values first: empty when the runs are launches or seeds
+    of one cell."""
+    flats = [_flatten(r.config) for r in runs]
+    differ: dict[str, list[str]] = {}
+    for key in sorted(set().union(*flats)):
+        if any(key == k or key.startswith(k + ".") for k in REPEAT_KEYS):
+            continue
+        values = sorted({_text(f.get(key)) for f in flats}, key=_numbers_first)
+        if len(values) > 1:
+            differ[key] = values
+    return dict(sorted(differ.items(), key=lambda kv: -len(kv[1])))  # the swept key first
+
+
+def require_one_cell(runs: Sequence[Run], arm: str, how: str) -> None:
+    """Refuse an arm that pools runs of different cells as if they were its launches (a sweep's
+    `placement.kind=da` matched every split): one sentence naming the keys and a filter."""
+    differ = cell_differences(runs)
+    if not differ:
+        return
+    shown = "; ".join(f"{k} ({', '.join(v)})" for k, v in list(differ.items())[:3])
+    more = f" and {len(differ) - 3} more keys" if len(differ) > 3 else ""
+    key, values = next(iter(differ.items()))
+    raise ConfigError(
+        f"the {arm} arm holds {len(runs)} runs of more than one cell, differing in {shown}{more}; "
+        f"an arm is one cell's launches and seeds (Appendix A): {how}, e.g. {key}={values[0]}."
+    )
+
+
+def _numbers_first(text: str) -> tuple:
+    """Sort key: numbers by value (4 before 16), then other text."""
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
