@@ -125,6 +125,27 @@ def test_compare_refuses_an_arm_that_pools_cells(tmp_path, capsys):
     assert "give one cell's runs per path" in capsys.readouterr().err
 
 
+def test_accounting_reads_eq4_terms_from_one_co_and_one_da_run(tmp_path, capsys):
+    """`accounting --co RUN --da RUN` measures Eq. 4's terms from the two runs' steady steps; a
+    sweep (it read the sweep's first run) or a run of the other placement is refused."""
+    co = write_run(tmp_path / "sweep" / "co", [1.0] * 40, phases={"generation": 0.6, "train": 0.3})
+    da = write_run(
+        tmp_path / "sweep" / "da",
+        [0.7] * 40,
+        placement="da",
+        split=0.5,
+        phases={"generation": 0.5, "train": 0.6, "publish": 0.05},
+    )
+    assert main(["accounting", "--co", str(co), "--da", str(da), "--json"]) == 0
+    terms = json.loads(capsys.readouterr().out)["eq4_terms"]
+    assert (terms["dr_h"], terms["dt_h"], terms["dr_hr"]) == pytest.approx((0.6, 0.3, 0.5))
+    assert terms["dt_ht"] == pytest.approx(0.6) and terms["dpub"] == pytest.approx(0.05)
+    assert main(["accounting", "--co", str(tmp_path / "sweep"), "--da", str(da)]) == 2
+    assert "--co takes one run for Eq. 4's terms" in capsys.readouterr().err
+    assert main(["accounting", "--co", str(da), "--da", str(co)]) == 2
+    assert "--co needs a placement=co run" in capsys.readouterr().err
+
+
 def test_cost_refuses_seeds_of_two_cells(tmp_path, capsys):
     seeds(tmp_path / "sweep", "c4", chips=4, scores=(0.86,) * 4, hours_at_275=23.3)
     seeds(tmp_path / "sweep", "c16", chips=16, scores=(0.86,) * 4, hours_at_275=48.0)

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from locoexp.analysis import accounting, compare, cost, recommend
-from locoexp.analysis.runs import find_runs, require_one_cell, select
+from locoexp.analysis.runs import Run, find_runs, require_one_cell, select
 from locoexp.errors import ConfigError
 
 
@@ -65,8 +65,12 @@ def run_compare(args) -> dict:
 
 def add_accounting(commands) -> None:
     p = commands.add_parser("accounting", help="Appendix C Eqs. 1-4, Appendix E.1, --recommend")
-    p.add_argument("--co", nargs="+", type=Path, default=[], help="co run(s)")
-    p.add_argument("--da", nargs="+", type=Path, default=[], help="da run(s)")
+    p.add_argument(
+        "--co", nargs="+", type=Path, default=[], help="the co run (several with --recommend)"
+    )
+    p.add_argument(
+        "--da", nargs="+", type=Path, default=[], help="the da run (several with --recommend)"
+    )
     for term in ("o", "a", "f", "dl", "tau"):
         p.add_argument(f"--{term}", type=float, help=f"Eq. 4's {term} (seconds)")
     p.add_argument(
@@ -120,6 +124,24 @@ def add_accounting(commands) -> None:
     p.set_defaults(run=run_accounting, format=format_accounting)
 
 
+def _one_run(paths: list[Path], placement: str) -> Run:
+    """The one run of `placement` that Eq. 4's terms are measured from (`--co` or `--da`): a
+    sweep or a run of the other placement is refused, not read as its first run."""
+    runs = find_runs(paths)
+    if len(runs) != 1:
+        raise ConfigError(
+            f"accounting --{placement} takes one run for Eq. 4's terms, and "
+            f"{' '.join(map(str, paths))} holds {len(runs)}: pass one run directory, "
+            f"e.g. {runs[0].run_dir}."
+        )
+    if runs[0].placement != placement:
+        raise ConfigError(
+            f"accounting --{placement} needs a placement={placement} run; "
+            f"{runs[0].run_dir} ran placement={runs[0].placement}."
+        )
+    return runs[0]
+
+
 def run_accounting(args) -> dict:
     result: dict = {}
     if args.recommend:
@@ -137,7 +159,7 @@ def run_accounting(args) -> dict:
         }
     elif args.co and args.da:
         terms = accounting.eq4_terms_from_runs(
-            find_runs(args.co)[0], find_runs(args.da)[0], steady=args.steady
+            _one_run(args.co, "co"), _one_run(args.da, "da"), steady=args.steady
         )
         result["eq4_terms"] = dataclasses.asdict(terms)
         result["eq4"] = _eq4(
