@@ -67,3 +67,15 @@ def test_fsdp_step_never_gathers_a_row_activation(results, kind):
     attention blocks and XLA replicated them whole, forward and backward ("Involuntary full
     rematerialization": 22 extra all-gathers, about 1.2x the step's footprint)."""
     assert results[f"row_gathers/{kind}"].size == 0, results[f"row_gathers/{kind}"]
+
+
+def test_splash_runs_on_each_devices_rows(results):
+    """`trainer.attention=splash` on more than one chip: the Pallas kernel is called by each
+    device on its own rows (`attention.on_own_rows`). The interpreted kernel equals dense
+    attention in values and gradients with no all-gather, and the TPU (Mosaic) kernel of the
+    trainer's `attend` exports for TPU; without the per-device call it failed with "Mosaic
+    kernels cannot be automatically partitioned"."""
+    assert "splash_rows/tpu_error" not in results, results["splash_rows/tpu_error"]
+    assert results["splash_rows/tpu_kernels"] >= 2  # the forward and the backward kernels
+    assert results["splash_rows/max_diff"] < 1e-5
+    assert results["splash_rows/all_gathers"] == 0

@@ -13,13 +13,23 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as PS  # noqa: E402
+from test_attention import packed_inputs  # noqa: E402
 from test_planner_xla import SHAPES, compiled_train_step, footprint  # noqa: E402
 from tiny_policy import random_prompts, tiny_model  # noqa: E402
 
 from locoexp.algo.config import AlgoConfig  # noqa: E402
+from locoexp.model.attention import (  # noqa: E402
+    AttentionSpec,
+    attend,
+    dense_attention,
+    on_own_rows,
+    splash_attention,
+)
 from locoexp.model.config import ModelConfig  # noqa: E402
 from locoexp.trainer.config import AttentionKind, TrainerConfig  # noqa: E402
 from locoexp.trainer.packing import pack_sequences  # noqa: E402
@@ -62,6 +72,49 @@ def row_activation_gathers(kind: AttentionKind) -> list[str]:
     return [s for s in shapes if {rows, rows * tokens} & {int(d) for d in s.split(",") if d}]
 
 
+def splash_on_rows(mesh: Mesh) -> dict[str, np.ndarray]:
+    """Splash under the trainer's row layout on 4 devices: (1) the Pallas interpreter's kernel,
+    run by each device on its rows (`on_own_rows`), against dense attention in values and
+    gradients, and the all-gathers of that program; (2) the TPU kernel itself (Mosaic) with the
+    trainer's `attend`, exported for TPU (`jax.export`): XLA cannot partition a Mosaic call, so
+    without the per-device call the export fails ("Mosaic kernels cannot be automatically
+    partitioned")."""
+    rows = NamedSharding(mesh, PS("fsdp"))
+    q, k, v, seg, weights = (
+        jax.device_put(a, rows)
+        for a in packed_inputs(4, 128, [[50, 50], [128], [7, 90], [3]], seed=2, head_dim=64)
+    )
+    spec = AttentionSpec(kind=AttentionKind.splash, rows=rows)
+    interpreted = on_own_rows(spec, lambda *a: splash_attention(*a, interpret=True))
+
+    def out_and_grads(kernel):
+        loss = lambda q, k, v: (kernel(q, k, v, seg) * weights).sum()
+        return kernel(q, k, v, seg), *jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    got = jax.jit(out_and_grads, static_argnums=0)
+    want = out_and_grads(dense_attention)
+    real = np.asarray(seg > 0)[:, :, None, None]
+    diffs = [
+        np.abs(np.where(real, a, 0) - np.where(real, b, 0)).max() if i == 0 else np.abs(a - b).max()
+        for i, (a, b) in enumerate(zip(got(interpreted), want, strict=True))
+    ]
+    text = got.lower(interpreted).compile().as_text()
+    out = {"splash_rows/max_diff": np.asarray(max(diffs))}
+    out["splash_rows/all_gathers"] = np.asarray(text.count(" all-gather("))
+    tpu = jax.ShapeDtypeStruct((8, 512, 4, 128), jnp.bfloat16, sharding=rows)
+    tpu_kv = jax.ShapeDtypeStruct((8, 512, 2, 128), jnp.bfloat16, sharding=rows)
+    segments = jax.ShapeDtypeStruct((8, 512), jnp.int32, sharding=rows)
+    loss = lambda q, k, v, s: attend(spec, q, k, v, s).astype(jnp.float32).sum()
+    try:
+        exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["tpu"])(
+            tpu, tpu_kv, tpu_kv, segments
+        )
+        out["splash_rows/tpu_kernels"] = np.asarray(exported.mlir_module().count("tpu_custom_call"))
+    except NotImplementedError as error:
+        out["splash_rows/tpu_error"] = np.asarray(str(error))
+    return out
+
+
 def main(path: str) -> None:
     assert jax.device_count() == 4
     data, out = batch(), {}
@@ -90,6 +143,7 @@ def main(path: str) -> None:
     out["xla4/micro1"] = np.asarray(footprint(compiled))
     for kind in CPU_ATTENTION:
         out[f"row_gathers/{kind.value}"] = np.asarray(row_activation_gathers(kind))
+    out.update(splash_on_rows(Mesh(np.array(jax.devices()), ("fsdp",))))
     np.savez(path, **out)
 
 

@@ -7,8 +7,10 @@ Only `dense` forms [B, K, R, T, T] scores; `blockwise` keeps [B, K, R*Q, C] tile
 pair at a time (forward and backward), so its memory grows linearly with T.
 
 It owns the attention numerics of full rows only: it never sees a KV cache (the engine path in
-`transformer.py`), a mesh or a loss. Padding queries (segment 0) attend to nothing: `dense` gives
-them uniform weights, the other kernels zeros; neither reaches a loss.
+`transformer.py`) or a loss, and a mesh only as the trainer's row layout (`AttentionSpec.rows`:
+activations pinned to it, and a Pallas TPU kernel run on each device's own rows). Padding
+queries (segment 0) attend to nothing: `dense` gives them uniform weights, the other kernels
+zeros; neither reaches a loss.
 
 Shapes: B rows, T tokens, K KV heads, R query heads per KV head, h head_dim, Q = C block tokens,
 n blocks per row.
@@ -57,6 +59,20 @@ def constrain_rows(spec: AttentionSpec | None, x: Array) -> Array:
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
+def on_own_rows(spec: AttentionSpec, kernel):
+    """`kernel(q, k, v, segment_ids)` run by each device on its own rows of `spec.rows`
+    (`jax.shard_map`; the kernel itself when there is no row layout). XLA cannot partition a
+    Mosaic (Pallas TPU) kernel ("Mosaic kernels cannot be automatically partitioned. Please wrap
+    the call in a shard_map."), so splash failed to compile on more than one chip; rows attend
+    only within themselves, so the per-device call needs no communication."""
+    if spec.rows is None:
+        return kernel
+    rows = jax.sharding.PartitionSpec(spec.rows.spec[0])
+    return jax.shard_map(
+        kernel, mesh=spec.rows.mesh, in_specs=(rows,) * 4, out_specs=rows, check_vma=False
+    )
+
+
 def causal_segment_mask(segment_ids: Array, window: int = 0) -> Array:
     """[B,T] segment ids (0 = padding) -> [B,T,T] mask: same segment and not in the future (and
     fewer than `window` tokens back when window > 0)."""
@@ -76,7 +92,8 @@ def attend(spec: AttentionSpec, q: Array, k: Array, v: Array, segment_ids: Array
         case AttentionKind.blockwise:
             return blockwise_attention(q, k, v, segment_ids, spec.block_tokens, spec.window)
         case AttentionKind.splash:
-            return splash_attention(q, k, v, segment_ids, interpret=False, window=spec.window)
+            splash = functools.partial(splash_attention, interpret=False, window=spec.window)
+            return on_own_rows(spec, splash)(q, k, v, segment_ids)
         case AttentionKind.cudnn:
             return cudnn_attention(q, k, v, segment_ids, spec.window)
 
