@@ -72,9 +72,9 @@ def test_fsdp_step_never_gathers_a_row_activation(results, kind):
 def test_splash_runs_on_each_devices_rows(results):
     """`trainer.attention=splash` on more than one chip: the Pallas kernel is called by each
     device on its own rows (`attention.on_own_rows`). The interpreted kernel equals dense
-    attention in values and gradients with no all-gather, and the TPU (Mosaic) kernel of the
-    trainer's `attend` exports for TPU; without the per-device call it failed with "Mosaic
-    kernels cannot be automatically partitioned"."""
+    attention in values and gradients with no all-gather, and the FSDP train step with the TPU
+    (Mosaic) kernel exports for TPU; without the per-device call it failed with "Mosaic kernels
+    cannot be automatically partitioned"."""
     assert "splash_rows/tpu_error" not in results, results["splash_rows/tpu_error"]
     assert results["splash_rows/tpu_kernels"] >= 2  # the forward and the backward kernels
     assert results["splash_rows/max_diff"] < 1e-5

@@ -4,6 +4,7 @@ reference) and from 4-device FSDP trainers in one shot and in micro-batches of 1
 device (each micro-batch's loss slots spread over the 4 devices' lanes, `trainer/micro.py`).
 Writes them to an .npz file (argument 1)."""
 
+import dataclasses
 import os
 import re
 import sys
@@ -13,7 +14,6 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
@@ -25,14 +25,14 @@ from tiny_policy import random_prompts, tiny_model  # noqa: E402
 from locoexp.algo.config import AlgoConfig  # noqa: E402
 from locoexp.model.attention import (  # noqa: E402
     AttentionSpec,
-    attend,
     dense_attention,
     on_own_rows,
     splash_attention,
 )
-from locoexp.model.config import ModelConfig  # noqa: E402
+from locoexp.model.config import DType, ModelConfig  # noqa: E402
+from locoexp.model.transformer import build_model  # noqa: E402
 from locoexp.trainer.config import AttentionKind, TrainerConfig  # noqa: E402
-from locoexp.trainer.packing import pack_sequences  # noqa: E402
+from locoexp.trainer.packing import PackedBatch, pack_sequences  # noqa: E402
 from locoexp.trainer.trainer import Trainer  # noqa: E402
 
 MAX_NEW = 12
@@ -75,10 +75,10 @@ def row_activation_gathers(kind: AttentionKind) -> list[str]:
 def splash_on_rows(mesh: Mesh) -> dict[str, np.ndarray]:
     """Splash under the trainer's row layout on 4 devices: (1) the Pallas interpreter's kernel,
     run by each device on its rows (`on_own_rows`), against dense attention in values and
-    gradients, and the all-gathers of that program; (2) the TPU kernel itself (Mosaic) with the
-    trainer's `attend`, exported for TPU (`jax.export`): XLA cannot partition a Mosaic call, so
-    without the per-device call the export fails ("Mosaic kernels cannot be automatically
-    partitioned")."""
+    gradients, and the all-gathers of that program; (2) the whole train step with the TPU
+    (Mosaic) kernel, exported for TPU (`splash_step_for_tpu`): XLA cannot partition a Mosaic
+    call, so without the per-device call the export fails ("Mosaic kernels cannot be
+    automatically partitioned")."""
     rows = NamedSharding(mesh, PS("fsdp"))
     q, k, v, seg, weights = (
         jax.device_put(a, rows)
@@ -101,18 +101,42 @@ def splash_on_rows(mesh: Mesh) -> dict[str, np.ndarray]:
     text = got.lower(interpreted).compile().as_text()
     out = {"splash_rows/max_diff": np.asarray(max(diffs))}
     out["splash_rows/all_gathers"] = np.asarray(text.count(" all-gather("))
-    tpu = jax.ShapeDtypeStruct((8, 512, 4, 128), jnp.bfloat16, sharding=rows)
-    tpu_kv = jax.ShapeDtypeStruct((8, 512, 2, 128), jnp.bfloat16, sharding=rows)
-    segments = jax.ShapeDtypeStruct((8, 512), jnp.int32, sharding=rows)
-    loss = lambda q, k, v, s: attend(spec, q, k, v, s).astype(jnp.float32).sum()
     try:
-        exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["tpu"])(
-            tpu, tpu_kv, tpu_kv, segments
-        )
-        out["splash_rows/tpu_kernels"] = np.asarray(exported.mlir_module().count("tpu_custom_call"))
+        out["splash_rows/tpu_kernels"] = np.asarray(splash_step_for_tpu(mesh))
     except NotImplementedError as error:
         out["splash_rows/tpu_error"] = np.asarray(str(error))
     return out
+
+
+def splash_step_for_tpu(mesh: Mesh) -> int:
+    """The 4-device FSDP train step with `trainer.attention=splash` exported for TPU: its TPU
+    (Mosaic) kernel count. The CPU backend refuses splash when the trainer is built, so the
+    trainer is built blockwise and its kernel switched before the step is traced."""
+    model = ModelConfig(
+        vocab_size=512, hidden_dim=256, mlp_dim=512, num_heads=4, num_kv_heads=2,
+        head_dim=128, param_dtype=DType.bfloat16,
+    )  # fmt: skip
+    trainer = Trainer(
+        build_model(model, seed=0),
+        AlgoConfig(),
+        TrainerConfig(attention=AttentionKind.blockwise),
+        mesh=mesh,
+        temperature=1.0,
+        max_new_tokens=64,
+    )
+    trainer.attention = dataclasses.replace(trainer.attention, kind=AttentionKind.splash)
+    rows, slots = np.ones((8, 512), np.int32), np.zeros(256, np.float32)
+    batch = PackedBatch(
+        tokens=rows, positions=rows, segment_ids=rows, loss_index=np.arange(256, dtype=np.int32),
+        loss_targets=np.zeros(256, np.int32), loss_mask=slots + 1, advantages=slots,
+        behaviour_logprobs=slots, num_sequences=8,
+    )  # fmt: skip
+    args = (trainer.trainable, trainer.opt_state, trainer.frozen, trainer.device_batch(batch))
+    shapes = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), args
+    )
+    exported = jax.export.export(trainer._step, platforms=["tpu"])(*shapes, trainer.reference)
+    return exported.mlir_module().count("tpu_custom_call")
 
 
 def main(path: str) -> None:
