@@ -111,7 +111,13 @@ def compiled_train_step(
 ):
     """The train step compiled for `rows` x `row_tokens` packed rows and `slots` loss slots (all
     devices together) on an FSDP mesh of the first `devices` devices."""
-    trainer = Trainer(
+    trainer = fsdp_trainer(model_config, config, slots, devices)
+    return trainer.lower_step(placeholder_batch(rows, row_tokens, slots)).compile()
+
+
+def fsdp_trainer(model_config: ModelConfig, config: TrainerConfig, slots: int, devices: int):
+    """A trainer of a freshly initialised model on an FSDP mesh of the first `devices` devices."""
+    return Trainer(
         build_model(model_config, seed=0),
         AlgoConfig(),
         config,
@@ -119,9 +125,14 @@ def compiled_train_step(
         temperature=1.0,
         max_new_tokens=slots,
     )
+
+
+def placeholder_batch(rows: int, row_tokens: int, slots: int) -> PackedBatch:
+    """A packed batch of these shapes (one sequence a row, every slot scored): what a compile
+    reads of a batch is its shapes."""
     ints = np.ones((rows, row_tokens), np.int32)
     zeros = np.zeros(slots, np.float32)
-    batch = PackedBatch(
+    return PackedBatch(
         tokens=ints,
         positions=ints,
         segment_ids=ints,
@@ -132,7 +143,6 @@ def compiled_train_step(
         behaviour_logprobs=zeros,
         num_sequences=rows,
     )
-    return trainer.lower_step(batch).compile()
 
 
 def compiled_wave(model_config: ModelConfig, rows: int, prompt: int, new: int, chunk: int):

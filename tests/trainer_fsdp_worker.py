@@ -19,7 +19,13 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 from test_attention import packed_inputs  # noqa: E402
-from test_planner_xla import SHAPES, compiled_train_step, footprint  # noqa: E402
+from test_planner_xla import (  # noqa: E402
+    SHAPES,
+    compiled_train_step,
+    footprint,
+    fsdp_trainer,
+    placeholder_batch,
+)
 from tiny_policy import random_prompts, tiny_model  # noqa: E402
 
 from locoexp.algo.config import AlgoConfig  # noqa: E402
@@ -30,9 +36,8 @@ from locoexp.model.attention import (  # noqa: E402
     splash_attention,
 )
 from locoexp.model.config import DType, ModelConfig  # noqa: E402
-from locoexp.model.transformer import build_model  # noqa: E402
 from locoexp.trainer.config import AttentionKind, TrainerConfig  # noqa: E402
-from locoexp.trainer.packing import PackedBatch, pack_sequences  # noqa: E402
+from locoexp.trainer.packing import pack_sequences  # noqa: E402
 from locoexp.trainer.trainer import Trainer  # noqa: E402
 
 MAX_NEW = 12
@@ -102,13 +107,13 @@ def splash_on_rows(mesh: Mesh) -> dict[str, np.ndarray]:
     out = {"splash_rows/max_diff": np.asarray(max(diffs))}
     out["splash_rows/all_gathers"] = np.asarray(text.count(" all-gather("))
     try:
-        out["splash_rows/tpu_kernels"] = np.asarray(splash_step_for_tpu(mesh))
+        out["splash_rows/tpu_kernels"] = np.asarray(splash_step_for_tpu())
     except NotImplementedError as error:
         out["splash_rows/tpu_error"] = np.asarray(str(error))
     return out
 
 
-def splash_step_for_tpu(mesh: Mesh) -> int:
+def splash_step_for_tpu() -> int:
     """The 4-device FSDP train step with `trainer.attention=splash` exported for TPU: its TPU
     (Mosaic) kernel count. The CPU backend refuses splash when the trainer is built, so the
     trainer is built blockwise and its kernel switched before the step is traced."""
@@ -116,21 +121,9 @@ def splash_step_for_tpu(mesh: Mesh) -> int:
         vocab_size=512, hidden_dim=256, mlp_dim=512, num_heads=4, num_kv_heads=2,
         head_dim=128, param_dtype=DType.bfloat16,
     )  # fmt: skip
-    trainer = Trainer(
-        build_model(model, seed=0),
-        AlgoConfig(),
-        TrainerConfig(attention=AttentionKind.blockwise),
-        mesh=mesh,
-        temperature=1.0,
-        max_new_tokens=64,
-    )
+    trainer = fsdp_trainer(model, TrainerConfig(attention=AttentionKind.blockwise), 256, 4)
     trainer.attention = dataclasses.replace(trainer.attention, kind=AttentionKind.splash)
-    rows, slots = np.ones((8, 512), np.int32), np.zeros(256, np.float32)
-    batch = PackedBatch(
-        tokens=rows, positions=rows, segment_ids=rows, loss_index=np.arange(256, dtype=np.int32),
-        loss_targets=np.zeros(256, np.int32), loss_mask=slots + 1, advantages=slots,
-        behaviour_logprobs=slots, num_sequences=8,
-    )  # fmt: skip
+    batch = placeholder_batch(8, 512, 256)
     args = (trainer.trainable, trainer.opt_state, trainer.frozen, trainer.device_batch(batch))
     shapes = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), args

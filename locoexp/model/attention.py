@@ -54,9 +54,7 @@ def constrain_rows(spec: AttentionSpec | None, x: Array) -> Array:
     full rematerialization")."""
     if spec is None or spec.rows is None:
         return x
-    mesh, axis = spec.rows.mesh, spec.rows.spec[0]
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
-    return jax.lax.with_sharding_constraint(x, sharding)
+    return jax.lax.with_sharding_constraint(x, spec.rows)  # the 1-D spec: dims past 0 whole
 
 
 def on_own_rows(spec: AttentionSpec, kernel):
@@ -67,7 +65,7 @@ def on_own_rows(spec: AttentionSpec, kernel):
     only within themselves, so the per-device call needs no communication."""
     if spec.rows is None:
         return kernel
-    rows = jax.sharding.PartitionSpec(spec.rows.spec[0])
+    rows = spec.rows.spec
     return jax.shard_map(
         kernel, mesh=spec.rows.mesh, in_specs=(rows,) * 4, out_specs=rows, check_vma=False
     )
