@@ -412,7 +412,7 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         params = jax.lax.with_sharding_constraint(params, self.param_shardings)
-        metrics = {**metrics, "train/loss": loss, "train/grad_norm": optax.global_norm(grads)}
+        metrics = {**metrics, "train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
         return params, opt_state, metrics
 
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
