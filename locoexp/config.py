@@ -90,11 +90,6 @@ class Config:
             all(0 <= t < self.steps for t in self.profile_steps),
             f"profile_steps={self.profile_steps} must lie in [0, steps={self.steps}).",
         )
-        require(
-            not self.profile_steps or self.placement.kind is not PlacementKind.da,
-            f"profile_steps={self.profile_steps} is not supported under placement=da yet; "
-            "profile placement=co or single_controller.",
-        )
         check_attention_backend(self.trainer.attention, self.hardware.platform)
         check_remat_backend(self.trainer.remat, self.hardware.platform)
         if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs

@@ -150,12 +150,12 @@ def test_appended_unknown_key_is_refused_before_the_run():
         preflight(["+nonexistent_key=1"])
 
 
-def test_profile_steps_outside_the_run_or_under_da_are_refused():
+def test_profile_steps_outside_the_run_are_refused():
     assert compose_config(["steps=3", "profile_steps=[0,2]"]).profile_steps == [0, 2]
     with pytest.raises(ConfigError, match=r"profile_steps=\[3\] must lie in \[0, steps=3\)"):
         compose_config(["steps=3", "profile_steps=[3]"])
-    with pytest.raises(ConfigError, match="not supported under placement=da"):
-        compose_config(["placement=da", "split=0.5", "hardware.hosts=2", "profile_steps=[0]"])
+    da = ["placement=da", "split=0.5", "hardware.hosts=2", "steps=3", "profile_steps=[0]"]
+    assert compose_config(da).profile_steps == [0]  # each actor traces its side
 
 
 # A value each dataset source key could take (every one differs from its default).

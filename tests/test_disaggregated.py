@@ -29,9 +29,15 @@ TINY = ["logger=none", "eval_every_steps=0", "dataset.synthetic.held_out_size=8"
 # run) and test_da_survival (stopped, killed, resumed; its sockets); here the layout with 3
 # rollout hosts of uneven shares.
 RUNS = {
-    "4 hosts, split=0.25": ["split=0.25", "hardware.hosts=4", "dataset.prompts_per_step=6"],
+    "4 hosts, split=0.25": [
+        "split=0.25",
+        "hardware.hosts=4",
+        "dataset.prompts_per_step=6",
+        "profile_steps=[2]",  # PROFILED: each actor traces its own side of step 2
+    ],
 }
-STEPS = 4
+STEPS, PROFILED = 4, 2
+SHARES = ("compute", "network", "host")
 TIMING_KEYS = [
     f"timing/{name}_s"
     for name in (
@@ -123,6 +129,30 @@ def test_importance_weight_is_one_where_sampler_and_trainer_weights_agree(runs, 
     step0 = _steps(runs[layout][1])[0]  # both sides hold the initial weights
     assert step0["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert step0["train/sampler_logprob_gap"] < 1e-4
+
+
+@pytest.mark.parametrize("layout", RUNS)
+def test_a_profiled_step_splits_each_sides_time_three_ways(runs, layout):
+    """Every trainer and rollout actor traces its own call of the profiled step (the rollout
+    hosts batch t's generation, the trainer hosts step t) into `profile/step<t>/<side><i>/`;
+    the step's record carries each side's Table H1 split, whose shares sum to 1 and whose
+    network share holds the Ray object-store exchanges (batches fetched, weights fetched)."""
+    config, run_dir, _ = runs[layout]
+    layout_hosts = {"trainer": 1, "rollout": config.hardware.hosts - 1}  # split=0.25 of 4
+    traced = run_dir / "profile" / f"step{PROFILED}"
+    assert sorted(p.name for p in traced.iterdir()) == sorted(
+        f"{side}{i}" for side, count in layout_hosts.items() for i in range(count)
+    )
+    for host in traced.iterdir():
+        assert list(host.glob("plugins/profile/*/*.xplane.pb")), host
+    records = _steps(run_dir)
+    assert [r["step"] for r in records if "breakdown/trainer_step_s" in r] == [PROFILED]
+    assert "breakdown/compute_share" not in records[PROFILED]  # the driver has no devices
+    for side in layout_hosts:
+        parts = [records[PROFILED][f"breakdown/{side}_{k}_share"] for k in SHARES]
+        assert sum(parts) == pytest.approx(1.0) and all(0 <= x <= 1 for x in parts), (side, parts)
+        assert parts[0] > 0 and parts[1] > 0, (side, parts)  # devices ran; Ray exchanged
+        assert records[PROFILED][f"breakdown/{side}_profile_s"] > 0
 
 
 def test_importance_weight_of_equal_log_probs_is_exactly_one():

@@ -22,9 +22,11 @@ Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_p
 Ray itself (a local cluster, or a joined one) is started and stopped by `ray_session.py`.
 """
 
+import contextlib
 import dataclasses
 import ipaddress
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -40,6 +42,7 @@ from ray.util.scheduling_strategies import (
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.errors import ConfigError
+from locoexp.metrics.breakdown import StepProfiler, exchange_annotation
 from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.model.config import ModelConfig
@@ -74,6 +77,26 @@ def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
     return HalfReport({**report.metrics, **times}, report.window)
 
 
+@contextlib.contextmanager
+def side_profile(profiler: StepProfiler, step: int, side: str) -> Iterator[dict[str, float]]:
+    """Trace the enclosed call if `step` is profiled; afterwards the dict yielded holds its
+    `breakdown/<side>_*` (Table H1's split of this actor's own call, on its own devices) and
+    `breakdown/<side>_profile_s`, the seconds the trace's stop and parse took inside the call
+    (they delay what waits for this actor). Empty for a step not profiled."""
+    metrics: dict[str, float] = {}
+    with profiler.capture(step):
+        yield metrics
+        end = time.perf_counter()
+    for key, value in profiler.metrics(step).items():  # breakdown/compute_share -> ..._share
+        metrics[key.replace("breakdown/", f"breakdown/{side}_", 1)] = value
+    if metrics:
+        metrics[f"breakdown/{side}_profile_s"] = time.perf_counter() - end
+
+
+def with_metrics(report: HalfReport, extra: dict[str, float]) -> HalfReport:
+    return HalfReport({**report.metrics, **extra}, report.window) if extra else report
+
+
 class _Actor:
     """O2 (Table B1) in an actor: gc frozen once its warm-up calls (`metrics.steady`) ran."""
 
@@ -87,16 +110,25 @@ class _Actor:
 
 
 class RolloutHost(_Actor):
-    def __init__(self, build: Callable[..., RolloutHalf], *, index: int, hosts: int, freeze: bool):
-        self.timer, self.freeze_after_warmup = StepTimer(), freeze
+    def __init__(
+        self,
+        build: Callable[..., RolloutHalf],
+        *,
+        index: int,
+        hosts: int,
+        freeze: bool,
+        profiler: StepProfiler,
+    ):
+        self.timer, self.freeze_after_warmup, self.profiler = StepTimer(), freeze, profiler
         self.half = build(host=index, hosts=hosts, timer=self.timer)
 
     def generate(self, step: int, published: Published) -> tuple[HalfReport, RolloutBatch]:
-        """Batch `step`'s share of this host: (report for the driver, batch for the trainers)."""
+        """Batch `step`'s share of this host: (report for the driver, batch for the trainers);
+        a profiled step's generation traced to `profile/step<step>/rollout<index>/`."""
         self._count_call()
-        with self.timer.step():
+        with side_profile(self.profiler, step, "rollout") as breakdown, self.timer.step():
             batch = self.half.run(step, published)
-        report = side_report(batch.report, self.timer, "rollout")
+        report = with_metrics(side_report(batch.report, self.timer, "rollout"), breakdown)
         return report, dataclasses.replace(batch, report=report)
 
     def evaluate(self, published: Published, *, limit: int | None) -> tuple[int, int]:
@@ -123,6 +155,7 @@ class TrainerHost(_Actor):
         *,
         freeze: bool,
         bind_address: str | None,
+        profiler: StepProfiler,
     ) -> int:
         """Join the group and build the trainer half on its devices; returns the device count.
         `bind_address` None: this node's address (a joined cluster: each node its own)."""
@@ -132,22 +165,24 @@ class TrainerHost(_Actor):
             process_id=self.index,
             bind_address=bind_address or ray.util.get_node_ip_address(),
         )
-        self.timer, self.freeze_after_warmup = StepTimer(), freeze
+        self.timer, self.freeze_after_warmup, self.profiler = StepTimer(), freeze, profiler
         self.half = build(group=HostGroup.current(), timer=self.timer)
         return self.half.trainer.devices
 
     def train(self, step: int, batches: list) -> TrainResult:
         """Step `step` on every rollout host's batch (ObjectRefs, fetched here: transfer). A
         checkpoint that failed in the background since the last call ends the run here, with
-        its sentence (`RunCheckpoints.check`), as the co loop's check each step does."""
+        its sentence (`RunCheckpoints.check`), as the co loop's check each step does. A profiled
+        step is traced to `profile/step<step>/trainer<index>/`."""
         if self.checkpoints is not None:
             self.checkpoints.check()
         self._count_call()
-        with self.timer.step():
-            with self.timer.phase("transfer"):
+        with side_profile(self.profiler, step, "trainer") as breakdown, self.timer.step():
+            with self.timer.phase("transfer"), exchange_annotation("ray_get_batches"):
                 fetched = ray.get(batches)
             result = self.half.train(step, fetched)
-        return dataclasses.replace(result, report=side_report(result.report, self.timer, "trainer"))
+        report = side_report(result.report, self.timer, "trainer")
+        return dataclasses.replace(result, report=with_metrics(report, breakdown))
 
     def _checkpoints(self, run_dir: str) -> RunCheckpoints:
         if self.checkpoints is None:  # every trainer host opens it in the same call
@@ -186,13 +221,16 @@ def publish_to_object_store(trainer: Trainer, *, one_call: bool, dtype=None) -> 
         jax.block_until_ready(local)
         return None
     host_copy = jax.tree.map(np.asarray, local)
-    return Published(trainer.steps_done, ray.put(nnx.to_pure_dict(host_copy)))
+    with exchange_annotation("ray_put_weights"):
+        return Published(trainer.steps_done, ray.put(nnx.to_pure_dict(host_copy)))
 
 
 def load_from_object_store(engine, published: Published, *, template, one_call: bool) -> None:
     """dL: fetch `published` and load it into the engine (O4: in one call, else per layer).
     `template` is the engine's parameter tree as shapes, filled in place."""
-    nnx.replace_by_pure_dict(template, ray.get(published.weights))
+    with exchange_annotation("ray_get_weights"):
+        weights = ray.get(published.weights)
+    nnx.replace_by_pure_dict(template, weights)
     load_into_engine(engine, template, one_call=one_call)
 
 
@@ -218,10 +256,12 @@ def start_hosts(
     build_rollout: Callable[..., RolloutHalf],
     build_trainer: Callable[..., TrainerHalf],
     freeze: bool,
+    profiler: StepProfiler,
 ) -> None:
     """One actor per host (`host_places`); the trainer group joins on trainer 0's coordinator,
     which listens on `hardware.bind_address` in a local cluster, on its node's address in a
-    joined one (each actor binds to its own node's address: `ray start --node-ip-address`)."""
+    joined one (each actor binds to its own node's address: `ray start --node-ip-address`).
+    `profiler`: the run's profiled steps; each actor traces its own side of them."""
     places = host_places(hosts, layout)
     env = {}
     if layout.cpu:
@@ -242,14 +282,26 @@ def start_hosts(
         hosts.rollouts.append(
             rollout_cls.options(
                 **options(layout.trainer_hosts + i, max_restarts=layout.rollout_restarts)
-            ).remote(build_rollout, index=i, hosts=layout.rollout_hosts, freeze=freeze)
+            ).remote(
+                build_rollout,
+                index=i,
+                hosts=layout.rollout_hosts,
+                freeze=freeze,
+                profiler=dataclasses.replace(profiler, role="rollout", index=i),
+            )
         )
     port = layout.coordinator_port
     bind = layout.bind_address if layout.ray_address is None else None
     coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(port, bind))
     joined = [
-        t.join.remote(coordinator, build_trainer, freeze=freeze, bind_address=bind)
-        for t in hosts.trainers
+        t.join.remote(
+            coordinator,
+            build_trainer,
+            freeze=freeze,
+            bind_address=bind,
+            profiler=dataclasses.replace(profiler, role="trainer", index=i),
+        )
+        for i, t in enumerate(hosts.trainers)
     ]
     ray.get(joined + [r.__ray_ready__.remote() for r in hosts.rollouts])
 

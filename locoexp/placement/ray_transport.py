@@ -42,6 +42,7 @@ import ray
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.errors import ConfigError, RunFailed
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -331,6 +332,7 @@ def ray_actors(
     freeze_gc: bool,
     ledger: BatchLedger,
     run_dir: Path,
+    profile_steps: frozenset[int],
 ) -> Iterator[RayActors]:
     """Start Ray (`ray_session`) and one actor per host; stop every actor, Ray and the ledger
     afterwards. A Ray error anywhere while a trainer host is dead (e.g. a rollout host that
@@ -345,6 +347,7 @@ def ray_actors(
                     build_rollout=build_rollout,
                     build_trainer=build_trainer,
                     freeze=freeze_gc,
+                    profiler=StepProfiler(run_dir, profile_steps),
                 )
                 yield RayActors(
                     hosts=hosts,

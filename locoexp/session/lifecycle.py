@@ -117,6 +117,7 @@ def open_transport(
         freeze_gc=spec.loop.freeze_gc,
         ledger=ledger,
         run_dir=run_dir,
+        profile_steps=spec.profile_steps,  # traced by the actors, each its own side
     ) as transport:
         yield transport
 
@@ -145,7 +146,12 @@ def drive_session(spec, files, hooks, timer, start_time, published) -> dict[str,
             extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
-            profiler=StepProfiler(Path(files.run_dir), spec.profile_steps, index=group.index),
+            # under da the actors trace (`ray_hosts.side_profile`); the driver has no devices
+            profiler=StepProfiler(
+                Path(files.run_dir),
+                spec.profile_steps if spec.layout.colocated else frozenset(),
+                index=group.index,
+            ),
         )
 
 
