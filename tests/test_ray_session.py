@@ -155,14 +155,16 @@ def local_session() -> SimpleNamespace:
                 RayActors._from_trainers(
                     None, [RefusingTrainerHost.remote().train.remote()], during=""
                 )
-            cluster = cluster_processes(session_dir, os.getpid())
-            names = {p.name() for p in cluster}
-            listening = {
-                (c.laddr.ip, c.laddr.port): p.name()
-                for p in cluster
-                for c in p.net_connections(kind="inet")
-                if c.status == psutil.CONN_LISTEN
-            }
+            names, listening = set(), {}
+            for process in cluster_processes(session_dir, os.getpid()):
+                try:  # a process of the cluster may end between the listing and the reading
+                    name = process.name()
+                    for c in process.net_connections(kind="inet"):
+                        if c.status == psutil.CONN_LISTEN:
+                            listening[(c.laddr.ip, c.laddr.port)] = name
+                    names.add(name)
+                except psutil.NoSuchProcess:
+                    continue
             node = ray.nodes()[0]["NodeManagerAddress"]
         after = switch()
         return SimpleNamespace(
