@@ -78,12 +78,13 @@ def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
 
 
 @contextlib.contextmanager
-def side_profile(profiler: StepProfiler, step: int, side: str) -> Iterator[dict[str, float]]:
+def side_profile(profiler: StepProfiler, step: int) -> Iterator[dict[str, float]]:
     """Trace the enclosed call if `step` is profiled; afterwards the dict yielded holds its
-    `breakdown/<side>_*` (Table H1's split of this actor's own call, on its own devices) and
-    `breakdown/<side>_profile_s`, the seconds the trace's stop and parse took inside the call
-    (they delay what waits for this actor). Empty for a step not profiled."""
-    metrics: dict[str, float] = {}
+    `breakdown/<side>_*` (side: the profiler's role, trainer or rollout; Table H1's split of
+    this actor's own call, on its own devices) and `breakdown/<side>_profile_s`, the seconds the
+    trace's stop and parse took inside the call (they delay what waits for this actor). Empty
+    for a step not profiled."""
+    side, metrics = profiler.role, {}
     with profiler.capture(step):
         yield metrics
         end = time.perf_counter()
@@ -126,7 +127,7 @@ class RolloutHost(_Actor):
         """Batch `step`'s share of this host: (report for the driver, batch for the trainers);
         a profiled step's generation traced to `profile/step<step>/rollout<index>/`."""
         self._count_call()
-        with side_profile(self.profiler, step, "rollout") as breakdown, self.timer.step():
+        with side_profile(self.profiler, step) as breakdown, self.timer.step():
             batch = self.half.run(step, published)
         report = with_metrics(side_report(batch.report, self.timer, "rollout"), breakdown)
         return report, dataclasses.replace(batch, report=report)
@@ -177,7 +178,7 @@ class TrainerHost(_Actor):
         if self.checkpoints is not None:
             self.checkpoints.check()
         self._count_call()
-        with side_profile(self.profiler, step, "trainer") as breakdown, self.timer.step():
+        with side_profile(self.profiler, step) as breakdown, self.timer.step():
             with self.timer.phase("transfer"), exchange_annotation("ray_get_batches"):
                 fetched = ray.get(batches)
             result = self.half.train(step, fetched)
