@@ -3,9 +3,11 @@ TP1 on one device, then DP2 x TP2 and DP1 x TP4 engines over the four devices, o
 prompts (DP2 x TP2 holds data parallelism; a DP4 x TP1 engine added its compiles and no path).
 Writes each engine's greedy and sampled rollouts and the logits of a cached forward pass with
 its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2 engine of the fp32
-weights before and after a publication."""
+weights before and after a publication; then continuous batching with compaction on DP2 x TP2
+beside static waves, and what its compiled slot programs exchange between devices."""
 
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = (
@@ -64,6 +66,7 @@ def main(path: str) -> None:
         out[f"{name}_logits"] = cached_logits(engine, sequences)
     out.update(static_waves(model, prompts))
     out.update(bf16_republished(model, prompts))
+    out.update(compacted_on_replicas(model))
     np.savez(path, **out)
 
 
@@ -109,6 +112,62 @@ def bf16_republished(model, prompts) -> dict:
         out[f"{label}_tokens"], out[f"{label}_logprobs"] = rollout.tokens, rollout.logprobs
         engine.load_weights(nnx.state(model, nnx.Param))
     out["bf16_dtypes"] = np.array(sorted({str(x.dtype) for x in jax.tree.leaves(engine.params)}))
+    return out
+
+
+# a collective of the compiled HLO and its result's shapes ("f32[2,1,16,8]" or a tuple of them)
+COLLECTIVE = re.compile(
+    r"= (.+?) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?\("
+)
+
+
+def cache_rank_collectives(compiled) -> int:
+    """Collectives of a compiled program that carry a rank-4 array: the KV cache's [rows, heads,
+    slots, head_dim] layout (every other slot array has rank 2 at most)."""
+    found = 0
+    for line in compiled.as_text().splitlines():
+        match = COLLECTIVE.search(line)
+        shapes = re.findall(r"\[([0-9,]*)\]", match.group(1)) if match else []
+        found += any(len(shape.split(",")) == 4 for shape in shapes)
+    return found
+
+
+def compacted_on_replicas(model) -> dict:
+    """32 requests of forced, uneven lengths through 16 slots of DP2 x TP2 (widths 16 and 8):
+    refilled, then compacted 16 -> 8. Continuous batching's completions beside static waves',
+    and, for each compiled `run` (with refill) and `compact`, the collectives carrying a
+    cache-shaped array and the compaction's temporaries beside the narrower cache it makes."""
+    prompts = random_prompts(np.random.default_rng(5).integers(2, 10, 32), seed=6)
+    caps = np.random.default_rng(7).integers(1, 2 * MAX_NEW, 32)
+    forced = SamplingParams(temperature=1.0, ignore_eos=True)
+    out = {}
+    for scheduler in Scheduler:
+        config = RolloutConfig(
+            tensor_parallel=2, prompt_bucket_tokens=1, capacity=16, scheduler=scheduler
+        )
+        engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=jax.devices())
+        rollout = engine.generate(
+            prompts, key=jax.random.key(8), max_new_tokens=2 * MAX_NEW, sampling=forced,
+            request_caps=caps,
+        )  # fmt: skip
+        out[f"replicas_{scheduler.value}_tokens"] = rollout.tokens
+        out[f"replicas_{scheduler.value}_lengths"] = rollout.lengths
+    out["replicas_caps"] = caps
+    out["replicas_refills"] = rollout.refills
+    compiled = engine._slots._compiled  # the continuous engine's, by (kind, static)
+    run = [c for (kind, static), c in compiled.items() if kind == "run" and static[4]]
+    compact = [c for (kind, _), c in compiled.items() if kind == "compact"]
+    out["replicas_programs"] = np.array([len(run), len(compact)])
+    out["replicas_run_cache_collectives"] = np.array([cache_rank_collectives(c) for c in run])
+    out["replicas_compact_cache_collectives"] = np.array(
+        [cache_rank_collectives(c) for c in compact]
+    )
+    out["replicas_compact_temp_bytes"] = np.array(
+        [c.memory_analysis().temp_size_in_bytes for c in compact]
+    )
+    # the narrower (8-slot) cache on one device: 4 rows x 1 head x S slots x h, K and V, layers
+    narrow = init_cache(model.config, 4, 16 + 2 * MAX_NEW, heads=1)
+    out["replicas_narrow_cache_bytes"] = sum(x.nbytes for x in jax.tree.leaves(narrow))
     return out
 
 

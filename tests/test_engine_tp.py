@@ -65,3 +65,25 @@ def test_continuous_batching_equals_static_waves_on_a_sharded_layout(results):
         np.testing.assert_array_equal(
             results[f"{layout}_{label}_tokens"], results[f"waves_{layout}_{label}_tokens"]
         )
+
+
+def test_compaction_on_replicas_gives_the_completions_of_static_waves(results):
+    """32 requests of forced, uneven lengths through 16 slots of DP2 x TP2: refilled, then each
+    replica's live rows compacted 16 -> 8 on its own devices."""
+    assert results["replicas_refills"] == 16
+    np.testing.assert_array_equal(results["replicas_continuous_lengths"], results["replicas_caps"])
+    np.testing.assert_array_equal(
+        results["replicas_continuous_tokens"], results["replicas_waves_tokens"]
+    )
+
+
+def test_refill_and_compaction_keep_each_replicas_cache_on_its_devices(results):
+    """Written over the global slots, the refill's scatter all-gathered every replica's
+    prefilled cache rows to every device (8 per call: K and V of 4 layers), and the compaction's
+    gather all-reduced the whole narrower cache over the data axis, with temporaries of twice
+    the narrower cache per device (4x at DP4; experiments/LOG.md, session 19). Each replica
+    now works on its own rows: no collective carries a cache-shaped array."""
+    assert list(results["replicas_programs"]) == [2, 1]  # run at 16 and 8 slots, one compaction
+    assert not results["replicas_run_cache_collectives"].any()
+    assert not results["replicas_compact_cache_collectives"].any()
+    assert (results["replicas_compact_temp_bytes"] < results["replicas_narrow_cache_bytes"]).all()

@@ -12,9 +12,11 @@ slot per generated token), how many tokens it has generated and its last token. 
   App. G's engines decode "a step's 32 rows in one continuous batch", as vLLM does), and the
   next iteration samples its first token with every other slot's. The loop
   returns to the host when no slot is live, or when nothing waits and at most `floor` slots
-  are live.
-- `compact` gathers the live slots into a narrower width, so a step's tail is not decoded at
-  full width (the engine then runs the `run` of that width).
+  are live in every replica's share.
+- `compact` gathers each replica's live slots into a narrower width, so a step's tail is not
+  decoded at full width (the engine then runs the `run` of that width).
+Refill and compaction work on each data-parallel replica's own slots ([W] rows as [replicas,
+W / replicas]), so no cache row crosses devices (`_per_replica`).
 Static waves are the same programs with one wave's requests, no refill and floor 0.
 
 Each request's token t is drawn with `fold_in(fold_in(key, request), t)`: the draws depend on
@@ -175,35 +177,52 @@ def start(
     return _record(slots, rows, request, token, logprob, requests, sampling, eos_id)
 
 
+def _by_replica(x: Array, replicas: int) -> Array:
+    """[W, ...] -> [replicas, W / replicas, ...]: replica j's slots are rows j*W/r.. of the
+    engine's row-sharded arrays, so this leading axis is exactly the data axis's split."""
+    return x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:])
+
+
+def _per_replica(fn, x: Array, *args, replicas: int) -> Array:
+    """`fn(rows, *args)` on each replica's own [W / r, ...] rows (args with a leading [r] axis),
+    put back as [W, ...]. The leading axis of the vmap is the data axis, so XLA keeps every
+    replica's work on its own devices: written over the global [W] rows, a refill's scatter
+    all-gathered every replica's prefilled cache rows to every device, and a compaction's
+    gather all-reduced the whole narrower cache over the data axis (tests/test_engine_tp.py)."""
+    return jax.vmap(fn)(_by_replica(x, replicas), *args).reshape(-1, *x.shape[1:])
+
+
 def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, sampling, eos_id):
     """One refill round: each replica with an empty slot takes the next waiting request, in
-    replica order; the requests' prompts are prefilled together and their cache rows written
-    into the slots. Their first tokens are sampled by the next decode iteration, from the
-    prompts' last hidden states (`fresh`), in the same output-head call as every other slot's
-    token: a refill pays the prompt's body, not an output head and a sampler of its own."""
-    width, total = s.request.shape[0], requests.caps.shape[0]
+    replica order, into its first empty slot; the requests' prompts are prefilled together (one
+    row per replica, on that replica's devices) and their cache rows written into the slots.
+    Their first tokens are sampled by the next decode iteration, from the prompts' last hidden
+    states (`fresh`), in the same output-head call as every other slot's token: a refill pays
+    the prompt's body, not an output head and a sampler of its own."""
+    total = requests.caps.shape[0]
     prompt_len = requests.prompts.shape[1]
-    empty = (s.request == total).reshape(replicas, width // replicas)
+    empty = _by_replica(s.request == total, replicas)  # [r, W / r]
     has = empty.any(axis=1)
     rank = jnp.cumsum(has) - 1
     take = has & (s.waiting + rank < total)
-    request_ids = jnp.where(take, s.waiting + rank, total)
-    slot_ids = jnp.where(
-        take, jnp.argmax(empty, axis=1) + jnp.arange(replicas) * (width // replicas), width
-    )
+    request_ids = jnp.where(take, s.waiting + rank, total)  # [r]
+    local = jnp.where(take, jnp.argmax(empty, axis=1), empty.shape[1])  # out of range: kept
     taken = jnp.minimum(request_ids, total - 1)
     prompt_lens = requests.prompt_lens[taken]
     prefilled, last = _prefill_rows(
         model, requests.prompts[taken], prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
     )
-    put = lambda c, f: c.at[slot_ids, :, :prompt_len].set(f, mode="drop")
+    put = lambda rows, i, new: rows.at[i].set(new, mode="drop")
+    put_rows = lambda x, new: _per_replica(put, x, local, new, replicas=replicas)
+    put_prompt = lambda rows, i, new: rows.at[i, :, :prompt_len].set(new, mode="drop")
+    put_cache = lambda c, new: _per_replica(put_prompt, c, local, new, replicas=replicas)
     return s._replace(
-        cache=jax.tree.map(put, s.cache, prefilled),
-        request=s.request.at[slot_ids].set(request_ids, mode="drop"),
-        length=s.length.at[slot_ids].set(0, mode="drop"),
-        prompt_len=s.prompt_len.at[slot_ids].set(prompt_lens, mode="drop"),
-        pending=s.pending.at[slot_ids].set(True, mode="drop"),
-        fresh=s.fresh.at[slot_ids].set(last, mode="drop"),
+        cache=jax.tree.map(put_cache, s.cache, prefilled),
+        request=put_rows(s.request, request_ids),
+        length=put_rows(s.length, jnp.zeros_like(request_ids)),
+        prompt_len=put_rows(s.prompt_len, prompt_lens),
+        pending=put_rows(s.pending, jnp.ones_like(take)),
+        fresh=put_rows(s.fresh, last),
         waiting=s.waiting + take.sum(dtype=jnp.int32),
         counts=s.counts.at[3].add(take.sum(dtype=jnp.int32)),
     )
@@ -250,8 +269,9 @@ def run(
     eos_id,
 ) -> Slots:
     """Decode (and refill, with `refill`) until no slot is live, or nothing waits and at most
-    `floor` slots are live. The final state is returned whole so that a donated input updates
-    its cache in place."""
+    `floor` / `replicas` slots are live in every replica (`compact` narrows each replica's
+    slots on its own devices). The final state is returned whole so that a donated input
+    updates its cache in place."""
     model = nnx.merge(graphdef, params)
     total = requests.caps.shape[0]
 
@@ -266,8 +286,8 @@ def run(
         return jax.lax.while_loop(more, step, s)
 
     def cond(s: Slots):
-        live = (s.request < total).sum()
-        return (live > 0) & ((s.waiting < total) | (live > floor))
+        live = _by_replica(s.request < total, replicas).sum(axis=1)  # [r]
+        return (live.sum() > 0) & ((s.waiting < total) | (live.max() > floor // replicas))
 
     def body(s: Slots) -> Slots:
         s = _decode_iteration(model, s, requests, sampling=sampling, eos_id=eos_id)
@@ -276,12 +296,14 @@ def run(
     return jax.lax.while_loop(cond, body, fill(slots) if refill else slots)
 
 
-def compact(slots: Slots, *, width) -> Slots:
-    """The live slots first, the first `width` of them kept (every live one: the engine asks
-    for a width at least the live count)."""
+def compact(slots: Slots, *, width, replicas) -> Slots:
+    """Each replica's live slots first, the first `width` / `replicas` of them kept (every live
+    one: the engine asks for a width whose share per replica is at least the busiest replica's
+    live count). Rows never leave their replica's devices."""
     total = slots.lengths.shape[0]
-    order = jnp.argsort(slots.request >= total, stable=True)[:width]
-    take = lambda x: x[order]
+    empty = _by_replica(slots.request >= total, replicas)
+    keep = jnp.argsort(empty, axis=1, stable=True)[:, : width // replicas]  # [r, width / r]
+    take = lambda x: _per_replica(lambda own, kept: own[kept], x, keep, replicas=replicas)
     return slots._replace(
         cache=jax.tree.map(take, slots.cache),
         request=take(slots.request),

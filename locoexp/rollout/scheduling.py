@@ -7,10 +7,11 @@
 - `continuous`: W slots take requests 0..W-1; when a row ends its slot takes the next waiting
   request on device (prefill into the slot's cache rows, no host round trip), so every slot
   decodes while requests wait (App. G: "decodes a step's 32 rows in one continuous batch").
-  Once nothing waits and at most half the slots are live, the loop returns to the host, which
-  reads the live count (one host read per width change, at most log2(W) per call) and
-  gathers the live slots into the narrowest width that holds them; finished rows are not
-  decoded at full width through a step's tail.
+  Once nothing waits and at most half of every replica's slots are live, the loop returns to
+  the host, which reads the live counts (one host read per width change, at most log2(W) per
+  call) and gathers each replica's live slots into the narrowest width whose share per replica
+  holds the busiest one's, on the replica's own devices; finished rows are not decoded at full
+  width through a step's tail.
 
 Each width compiles its programs once (widths W, W/2, ... down to one slot per replica, in whole
 replicas). Programs are compiled before their clocks start: `prefill_s` holds the first fill,
@@ -119,7 +120,8 @@ class SlotPrograms:
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
-                return jax.jit(functools.partial(programs.compact, width=width), out_shardings=out)
+                fn = functools.partial(programs.compact, width=width, replicas=self.replicas)
+                return jax.jit(fn, out_shardings=out)
         raise ValueError(f"no slot program {kind!r}")
 
     def _slot_shardings(self) -> programs.Slots:
@@ -218,11 +220,11 @@ def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width
         narrower = [w for w in widths if w < static[1]]
         floor = narrower[0] if narrower else 0
         state = _run(slots, params, state, placed, static, floor, True, clock)
-        live = int(np.sum(np.asarray(state.request) < total)) if floor else 0
-        if not live:
+        live = (np.asarray(state.request) < total).reshape(slots.replicas, -1).sum(axis=1)
+        if not floor or not live.any():
             break
-        source = static[1]
-        static = (call, min(w for w in narrower if w >= live), total)
+        source = static[1]  # each replica keeps its own rows: the busiest one sets the width
+        static = (call, min(w for w in narrower if w // slots.replicas >= live.max()), total)
         # keyed by the width compacted from too: 16 -> 4 and 8 -> 4 take different inputs
         program = slots.program("compact", (*static, source), state)
         state = clock.timed("decode_s", program, state)
