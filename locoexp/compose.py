@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -120,6 +120,12 @@ def hydra_message(error: Exception) -> str:
     # a key inside an experiment (or other) file: Hydra's "In 'experiment/x': ..." names it
     where = str(chain[0]).partition("': ")[0] + "': " if str(chain[0]).startswith("In '") else ""
     for cause in chain:
+        if isinstance(cause, OverrideParseException):  # its own cause is antlr's, text 'None'
+            return (
+                f"the override {cause.override!r} does not parse "
+                f"({cause.message.splitlines()[0]}): quote a value holding braces, brackets, "
+                f"commas, spaces or '=' (key='value', the whole override in shell quotes)."
+            )
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:

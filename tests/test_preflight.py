@@ -406,6 +406,11 @@ CONFIG_REFUSALS = {
         ["unknown_key=1"],
         "'unknown_key' is not a config key; the valid keys of the root are adapter, algo,",
     ),
+    # Hydra's parse error came last in the chain as antlr's, whose text is 'None'
+    "unquoted braces": (
+        ["dataset.prompt_template=Q{problem}"],
+        "the override 'dataset.prompt_template=Q{problem}' does not parse (mismatched input '{'",
+    ),
 }
 
 
