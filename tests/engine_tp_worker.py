@@ -6,6 +6,8 @@ its sharded weights and cache to an .npz file (argument 1); then a bf16 TP2 engi
 weights before and after a publication; then continuous batching with compaction on DP2 x TP2
 beside static waves, and what its compiled slot programs exchange between devices."""
 
+import dataclasses
+import functools
 import os
 import re
 import sys
@@ -18,10 +20,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from tiny_policy import PAD, random_prompts, tiny_model  # noqa: E402
+from tiny_policy import PAD, TINY, random_prompts, tiny_model  # noqa: E402
 
 from locoexp.model.config import DType  # noqa: E402
-from locoexp.model.transformer import init_cache  # noqa: E402
+from locoexp.model.transformer import build_model, init_cache  # noqa: E402
 from locoexp.rollout import sharding  # noqa: E402
 from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler  # noqa: E402
 from locoexp.rollout.engine import JaxEngine  # noqa: E402
@@ -67,6 +69,7 @@ def main(path: str) -> None:
     out.update(static_waves(model, prompts))
     out.update(bf16_republished(model, prompts))
     out.update(compacted_on_replicas(model))
+    out.update(vocabulary_parallel())
     np.savez(path, **out)
 
 
@@ -121,14 +124,15 @@ COLLECTIVE = re.compile(
 )
 
 
-def cache_rank_collectives(compiled) -> int:
-    """Collectives of a compiled program that carry a rank-4 array: the KV cache's [rows, heads,
-    slots, head_dim] layout (every other slot array has rank 2 at most)."""
+def cache_collectives(compiled, *, head_dim: int, prompt_len: int) -> int:
+    """Collectives of a compiled program that carry a KV-cache-shaped array: [rows, heads,
+    slots, head_dim] with at least a prompt's slots (a sampler's [rows, 1, 1, block] is not)."""
     found = 0
     for line in compiled.as_text().splitlines():
         match = COLLECTIVE.search(line)
         shapes = re.findall(r"\[([0-9,]*)\]", match.group(1)) if match else []
-        found += any(len(shape.split(",")) == 4 for shape in shapes)
+        dims = [[int(d) for d in shape.split(",")] for shape in shapes if shape]
+        found += any(len(d) == 4 and d[3] == head_dim and d[2] >= prompt_len for d in dims)
     return found
 
 
@@ -136,7 +140,8 @@ def compacted_on_replicas(model) -> dict:
     """32 requests of forced, uneven lengths through 16 slots of DP2 x TP2 (widths 16 and 8):
     refilled, then compacted 16 -> 8. Continuous batching's completions beside static waves',
     and, for each compiled `run` (with refill) and `compact`, the collectives carrying a
-    cache-shaped array and the compaction's temporaries beside the narrower cache it makes."""
+    cache-shaped array (the prompts are padded to 16 slots) and the compaction's temporaries
+    beside the narrower cache it makes."""
     prompts = random_prompts(np.random.default_rng(5).integers(2, 10, 32), seed=6)
     caps = np.random.default_rng(7).integers(1, 2 * MAX_NEW, 32)
     forced = SamplingParams(temperature=1.0, ignore_eos=True)
@@ -158,16 +163,57 @@ def compacted_on_replicas(model) -> dict:
     run = [c for (kind, static), c in compiled.items() if kind == "run" and static[4]]
     compact = [c for (kind, _), c in compiled.items() if kind == "compact"]
     out["replicas_programs"] = np.array([len(run), len(compact)])
-    out["replicas_run_cache_collectives"] = np.array([cache_rank_collectives(c) for c in run])
-    out["replicas_compact_cache_collectives"] = np.array(
-        [cache_rank_collectives(c) for c in compact]
-    )
+    count = functools.partial(cache_collectives, head_dim=model.config.head_dim, prompt_len=16)
+    out["replicas_run_cache_collectives"] = np.array([count(c) for c in run])
+    out["replicas_compact_cache_collectives"] = np.array([count(c) for c in compact])
     out["replicas_compact_temp_bytes"] = np.array(
         [c.memory_analysis().temp_size_in_bytes for c in compact]
     )
     # the narrower (8-slot) cache on one device: 4 rows x 1 head x S slots x h, K and V, layers
     narrow = init_cache(model.config, 4, 16 + 2 * MAX_NEW, heads=1)
     out["replicas_narrow_cache_bytes"] = sum(x.nbytes for x in jax.tree.leaves(narrow))
+    return out
+
+
+def logits_collectives(compiled, vocab: int) -> int:
+    """Collectives of a compiled program that carry an array with a vocabulary-sized axis."""
+    found = 0
+    for line in compiled.as_text().splitlines():
+        match = COLLECTIVE.search(line)
+        shapes = re.findall(r"\[([0-9,]*)\]", match.group(1)) if match else []
+        found += any(vocab in map(int, filter(None, shape.split(","))) for shape in shapes)
+    return found
+
+
+VOCAB_SAMPLERS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "full": SamplingParams(temperature=1.0),
+    "top_p": SamplingParams(temperature=1.0, top_p=0.8),
+}
+
+
+def vocabulary_parallel() -> dict:
+    """A 1,024-token vocabulary at TP4 (split by vocabulary over the 4 devices) and TP1: each
+    device's rows of the embedding, each sampler's tokens on both, and the TP4 programs'
+    collectives that carry a vocabulary-sized array."""
+    model = build_model(dataclasses.replace(TINY, vocab_size=1024), seed=0)
+    prompts = random_prompts((3, 5, 9, 4, 7, 2, 6, 8), seed=9, vocab=1024)
+    out = {}
+    for tp, devices in ((4, jax.devices()), (1, jax.devices()[:1])):
+        config = RolloutConfig(tensor_parallel=tp, prompt_bucket_tokens=1)
+        engine = JaxEngine(model, config, eos_id=-1, pad_id=PAD, devices=devices)
+        rows = engine.params["embed"]["embedding"][...].addressable_shards[0].data.shape[0]
+        out[f"vocab_tp{tp}_embedding_rows"] = rows
+        for label, sampling in VOCAB_SAMPLERS.items():
+            rollout = engine.generate(
+                prompts, key=jax.random.key(10), max_new_tokens=6, sampling=sampling
+            )
+            out[f"vocab_tp{tp}_{label}_tokens"] = rollout.tokens
+            out[f"vocab_tp{tp}_{label}_logits_collectives"] = sum(
+                logits_collectives(c, 1024)
+                for (kind, static), c in engine._slots._compiled.items()
+                if static[0].sampling == sampling
+            )
     return out
 
 

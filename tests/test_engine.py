@@ -368,6 +368,38 @@ def test_top_k_sampler_matches_renormalised_softmax():
     assert_matches(freq, probs, draws)
 
 
+def test_top_p_sampler_alone_matches_the_renormalised_nucleus():
+    """Top-p without top-k finds its nucleus by bisection over V (no sort): the sorted
+    definition's set, and draws in proportion within it."""
+    logits = np.asarray(jax.random.normal(jax.random.key(4), (64,))) * 2.0
+    nucleus = sorted(allowed_tokens(logits, 0, 0.7))
+    draws = 100_000
+    freq = empirical_frequencies(logits, temperature=1.0, draws=draws, top_p=0.7)
+    probs = np.zeros_like(freq)
+    probs[nucleus] = np.exp(log_softmax_np(logits[nucleus]))
+    assert_matches(freq, probs, draws)
+
+
+def test_the_bisected_nucleus_is_the_sorted_cumulative_sums_set():
+    from locoexp.rollout.sampling import _top_p_mask
+
+    logits = jax.random.normal(jax.random.key(5), (512, 200)) * 3.0
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        mask = np.asarray(_top_p_mask(logits, top_p))
+        for row, kept in zip(np.asarray(logits), mask, strict=True):
+            assert set(np.flatnonzero(kept)) == allowed_tokens(row, 0, top_p), top_p
+
+
+@pytest.mark.parametrize("vocab, shards", [(1024, 4), (96, 4), (384, 8)])
+def test_two_level_sampler_on_vocabulary_shards_matches_softmax(vocab, shards):
+    """Blocks that tile each shard (128, 8 and 16 tokens; unsharded: 128, 32 and 128): the
+    same exact sampler."""
+    logits = np.asarray(jax.random.normal(jax.random.key(vocab), (vocab,))) * 3.0
+    draws = 100_000
+    freq = empirical_frequencies(logits, temperature=1.0, draws=draws, vocab_shards=shards)
+    assert_matches(freq, np.exp(log_softmax_np(logits)), draws)
+
+
 def count_python_calls(fn) -> int:
     """Python-level function calls (and calls into C) made while `fn` runs."""
     calls = 0

@@ -1,5 +1,6 @@
 """The plan counts a mixture-of-experts engine replica exactly: at EP1 the experts are replicated
-on every device of a tensor-parallel replica, only attention and dense-MLP kernels are split, so
+on every device of a tensor-parallel replica, only attention and dense-MLP kernels and the
+vocabulary are split, so
 Gemma4-26B's float32 weights alone fill a v7x device at TP1; at EP e each device holds E/e of
 every expert stack, and the dry run of Gemma4-26B on 64 chips fits at the EP it resolves."""
 
@@ -17,10 +18,12 @@ def test_a_tp1_replica_holds_every_parameter():
         assert _engine_weight_elements(config, 1) == sizes.count_parameters(config)
 
 
-def test_tp4_splits_only_the_attention_kernels_of_qwen3_30b_a3b():
+def test_tp4_splits_the_attention_kernels_and_the_vocabulary_of_qwen3_30b_a3b():
+    """The experts stay whole (EP1); the untied embedding and head split by vocabulary."""
     config = load_model_option("qwen3_30b_a3b")
     attention_kernels = 2048 * 128 * (2 * 32 + 2 * 4)  # q, o, k, v per layer (t <= 4 KV heads)
-    split_away = 48 * attention_kernels * 3 // 4
+    split_away = (48 * attention_kernels + sizes.count_embedding_parameters(config)) * 3 // 4
+    assert not config.tie_embeddings
     assert _engine_weight_elements(config, 4) == sizes.count_parameters(config) - split_away
 
 

@@ -44,12 +44,14 @@ Publication under `da` (`publication_bytes`): each trainer device gathers a whol
   the published versions (`plan.object_store_bytes`).
 Engine (locoexp/rollout), one replica per TP group of t devices:
   weights: q, o and the MLP split over t, k and v too while t <= K (replicated above),
-    embeddings and norms replicated (locoexp/rollout/sharding.py);
+    the embedding and output head split by vocabulary when t divides V (replicated
+    otherwise), norms replicated (locoexp/rollout/sharding.py);
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, two copies (scores and
     probabilities; four with a bfloat16 sampler, which also casts them) and a second KV cache
     (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
-    log-softmax); on CPU a bfloat16 sampler's programs also hold float32 copies of its weights
+    log-softmax), split by vocabulary with the head (a top-k sampler gathers them: not
+    counted); on CPU a bfloat16 sampler's programs also hold float32 copies of its weights
     (`_upcast`).
 Mixture of experts (locoexp/model/moe.py; E experts, k per token, I expert width, EP degree e):
   the [E, ...] expert stacks are split E/e per device (the engine's `rollout.expert_parallel`,
@@ -72,7 +74,7 @@ import jax
 from locoexp.model.config import DType, ModelConfig, attention_block
 from locoexp.model.moe import EXPERT
 from locoexp.model.sizes import abstract_params, count_block_parameters, count_embedding_parameters
-from locoexp.rollout.sharding import TENSOR, param_spec
+from locoexp.rollout.sharding import TENSOR, param_spec, vocab_shards
 from locoexp.trainer.config import AttentionKind, RematPolicy
 
 GIB = 2**30
@@ -374,8 +376,9 @@ class EngineMemory:
 
 def _engine_weight_elements(c: ModelConfig, t: int, e: int = 1) -> int:
     """Elements per device of a TP-t (EP-e) replica (locoexp/rollout/sharding.py): q, o and the
-    MLP split over t; k and v split too while t <= K, replicated above; embeddings and norms
-    replicated. Mixture-of-experts and Gemma4 models are read off the traced model instead."""
+    MLP split over t; k and v split too while t <= K, replicated above; the embedding and
+    output head split by vocabulary when t divides it, else replicated; norms replicated.
+    Mixture-of-experts and Gemma4 models are read off the traced model instead."""
     if c.moe or c.gemma4:
         return _traced_engine_weight_elements(dataclasses.astuple(c), t, e)
     q_o = 2 * c.hidden_dim * c.num_heads * c.head_dim // t
@@ -383,7 +386,8 @@ def _engine_weight_elements(c: ModelConfig, t: int, e: int = 1) -> int:
     mlp = 3 * c.hidden_dim * c.mlp_dim // t
     norms = 2 * c.hidden_dim + (2 * c.head_dim if c.qk_norm else 0)
     per_layer = q_o + k_v + mlp + norms
-    return c.num_layers * per_layer + count_embedding_parameters(c) + c.hidden_dim
+    embeddings = count_embedding_parameters(c) // vocab_shards(c, t)
+    return c.num_layers * per_layer + embeddings + c.hidden_dim
 
 
 @functools.lru_cache(maxsize=16)
@@ -423,7 +427,7 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
         prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32
         + kv_cache
         + s * chunk * routed,
-        decode=DECODE_LOGIT_COPIES * s * c.vocab_size * F32 + s * routed,
+        decode=DECODE_LOGIT_COPIES * s * c.vocab_size // vocab_shards(c, t) * F32 + s * routed,
         outputs=_engine_outputs(shape),
         compaction=kv_cache // 2 if shape.continuous_requests else 0,
         prefill_upcast=_upcast(c, shape, decode=False),
@@ -458,5 +462,5 @@ def _upcast(c: ModelConfig, shape: EngineShape, *, decode: bool) -> int:
         return 0
     elements = _engine_weight_elements(c, shape.tensor_parallel, shape.expert_parallel)
     if decode and c.tie_embeddings:
-        elements += 2 * c.vocab_size * c.hidden_dim
+        elements += 2 * c.vocab_size * c.hidden_dim // vocab_shards(c, shape.tensor_parallel)
     return elements * F32

@@ -72,11 +72,12 @@ class Slots(NamedTuple):
     key: Array
 
 
-def _sample_rows(sampling, key, request_ids, steps, logits) -> tuple[Array, Array]:
+def _sample_rows(sampling, key, request_ids, steps, logits, vocab_shards=1) -> tuple[Array, Array]:
     """Token `steps[i]` of request `request_ids[i]` from logits [n, V], each on its own key."""
     sample = functools.partial(
-        sample_tokens, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
-    )
+        sample_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+        top_p=sampling.top_p, vocab_shards=vocab_shards,
+    )  # fmt: skip
     keys = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
         request_ids, steps
     )
@@ -140,8 +141,10 @@ def start(
     sampling,
     eos_id,
     pad_id,
+    vocab_shards=1,
 ) -> Slots:
-    """Requests 0..W-1 prefilled into W slots (slots past R empty), first tokens sampled."""
+    """Requests 0..W-1 prefilled into W slots (slots past R empty), first tokens sampled.
+    `vocab_shards`: the devices the logits are split over by vocabulary (`sample_tokens`)."""
     model = nnx.merge(graphdef, params)
     total, prompt_len = requests.prompts.shape
     rows = jnp.arange(width)
@@ -172,8 +175,9 @@ def start(
         key=key,
     )
     token, logprob = _sample_rows(
-        sampling, key, requests.first + taken, jnp.zeros_like(rows), model.logits(last)
-    )
+        sampling, key, requests.first + taken, jnp.zeros_like(rows), model.logits(last),
+        vocab_shards,
+    )  # fmt: skip
     return _record(slots, rows, request, token, logprob, requests, sampling, eos_id)
 
 
@@ -228,7 +232,9 @@ def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, samp
     )
 
 
-def _decode_iteration(model, s: Slots, requests: Requests, *, sampling, eos_id) -> Slots:
+def _decode_iteration(
+    model, s: Slots, requests: Requests, *, sampling, eos_id, vocab_shards
+) -> Slots:
     """One token for every slot; empty slots are computed and their results dropped. A pending
     slot (refilled, `_refill`) takes its first token from its prompt's hidden state in place of
     the body's output; its body row is computed and dropped, its key/value written at slot P,
@@ -248,6 +254,7 @@ def _decode_iteration(model, s: Slots, requests: Requests, *, sampling, eos_id) 
         requests.first + jnp.minimum(s.request, total - 1),
         s.length,
         model.logits(hidden),
+        vocab_shards,
     )
     counts = s.counts + jnp.array([1, 0, width, 0], jnp.int32).at[1].set(live.sum())
     s = s._replace(cache=cache, counts=counts, pending=jnp.zeros_like(s.pending))
@@ -267,6 +274,7 @@ def run(
     cache_heads,
     sampling,
     eos_id,
+    vocab_shards=1,
 ) -> Slots:
     """Decode (and refill, with `refill`) until no slot is live, or nothing waits and at most
     `floor` / `replicas` slots are live in every replica (`compact` narrows each replica's
@@ -290,7 +298,9 @@ def run(
         return (live.sum() > 0) & ((s.waiting < total) | (live.max() > floor // replicas))
 
     def body(s: Slots) -> Slots:
-        s = _decode_iteration(model, s, requests, sampling=sampling, eos_id=eos_id)
+        s = _decode_iteration(
+            model, s, requests, sampling=sampling, eos_id=eos_id, vocab_shards=vocab_shards
+        )
         return fill(s) if refill else s
 
     return jax.lax.while_loop(cond, body, fill(slots) if refill else slots)

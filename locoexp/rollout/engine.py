@@ -16,9 +16,10 @@ casts published weights into it. It never trains and never knows about other hos
 Memory per device, for the planner (a = bytes per element of the engine dtype; n devices, TP t,
 r = n / t replicas; N requests; H/K query/KV heads, h head_dim, D width, F MLP width, V
 vocabulary, L layers):
-- weights: replicated embedding V*D (and the untied head V*D) and norms (2D per layer + D, +2h
-  per layer with qk_norm); per layer q and o D*H*h/t each, k and v D*K*h/t each when t <= K and
-  D*K*h each (replicated) when t > K, MLP 3*D*F/t; all times a.
+- weights: embedding V*D (and the untied head V*D), split by vocabulary over the t devices
+  when t divides V, else replicated, and norms (2D per layer + D, +2h per layer with
+  qk_norm); per layer q and o D*H*h/t each, k and v D*K*h/t each when t <= K and D*K*h each
+  (replicated) when t > K, MLP 3*D*F/t; all times a.
 - per wave: C = `wave_rows(N, capacity, r)` rows (at most the capacity, in whole replicas;
   waves = ceil(N / C)), s = C / r rows per device; S = P' + M slots, P' =
   `padded_prompt_tokens` (the power-of-two bucket, at least rollout.prompt_bucket_tokens,
@@ -29,7 +30,8 @@ vocabulary, L layers):
   compaction briefly holds the narrower width's copy of the cache beside it.
 - prefill temporaries, one layer at a time, c = min(rollout.prefill_chunk_tokens, P'):
   scores s * (H/t) * c * S * 4 (float32) and their probabilities at a, plus the [s, c, S] mask;
-  decode's are the same with c = 1, plus the logits and sampler buffers, about 3 * s * V * 4.
+  decode's are the same with c = 1, plus the logits and sampler buffers, about 3 * s * V * 4
+  (V / t when split by vocabulary).
 - `load_weights` with a dtype cast briefly holds the published weights at the engine's layout
   in their own dtype as well.
 
@@ -154,6 +156,7 @@ class JaxEngine:
             self.mesh,
             layers=self.model_config.num_layers,
             cache_heads=self._cache_heads,
+            vocab_shards=sharding.vocab_shards(self.model_config, tp),
             eos_id=eos_id,
             pad_id=pad_id,
         )

@@ -80,9 +80,13 @@ def slot_widths(width: int, replicas: int) -> list[int]:
 class SlotPrograms:
     """The compiled programs of one engine, by shape, with its mesh's layouts at their edges."""
 
-    def __init__(self, graphdef, mesh: Mesh, *, layers: int, cache_heads: int, eos_id, pad_id):
+    def __init__(
+        self, graphdef, mesh: Mesh, *, layers: int, cache_heads: int, vocab_shards: int, eos_id,
+        pad_id,
+    ):  # fmt: skip
         self.graphdef, self.mesh, self.layers = graphdef, mesh, layers
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
+        self.vocab_shards = vocab_shards
         self.replicated = NamedSharding(mesh, PS())
         self._compiled = {}
 
@@ -103,20 +107,21 @@ class SlotPrograms:
         compacted from) or `run` (call, width, requests, floor, refill)."""
         call, width = static[0], static[1]
         common = dict(sampling=call.sampling, eos_id=self.eos_id)
+        sampler = dict(common, vocab_shards=self.vocab_shards)
         out = self._slot_shardings()
         match kind:
             case "start":
                 fn = functools.partial(
                     programs.start, self.graphdef, width=width, chunk=call.chunk,
                     max_new=call.max_new, cache_heads=self.cache_heads, pad_id=self.pad_id,
-                    **common,
+                    **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out)
             case "run":  # the slots are donated: the loop updates their cache in place
                 fn = functools.partial(
                     programs.run, self.graphdef, floor=static[3], refill=static[4],
                     replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
-                    **common,
+                    **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":

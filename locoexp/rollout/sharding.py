@@ -9,7 +9,10 @@ devices under `co`, consecutive hosts' devices on a single controller whose devi
 - the KV cache by its heads; with TP above the KV heads each device keeps the one KV head its
   query heads read (k/v projections replicated, the cache holding each KV head TP/K times),
   as vLLM does;
-- embedding, output head and norms replicated.
+- embedding and output head split by vocabulary when TP divides it (a vocabulary-parallel head,
+  as vLLM's and tpu-inference's: each device computes the logits of its V / TP tokens, and the
+  sampler keeps to those shards, locoexp/rollout/sampling.py; the embedding lookup becomes a
+  local lookup and one [rows, D] all-reduce), replicated otherwise; norms replicated.
 A mixture-of-experts model's engine may also split its experts: each replica is then an
 (expert, tensor) grid of EP x TP devices (`rollout.expert_parallel`), the [E, ...] expert stacks
 split along E over `expert` (replicated over `tensor`), everything else laid out as above and
@@ -85,6 +88,12 @@ def engine_mesh(devices, tensor_parallel: int, expert_parallel: int = 1) -> Mesh
     return Mesh(grid, (DATA, EXPERT, TENSOR), axis_types=(AxisType.Auto,) * 3)
 
 
+def vocab_shards(model: ModelConfig, tensor_parallel: int) -> int:
+    """Devices the embedding, output head and logits are split over by vocabulary: TP when it
+    divides the vocabulary, else 1 (replicated)."""
+    return tensor_parallel if model.vocab_size % tensor_parallel == 0 else 1
+
+
 def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int, experts: bool = False) -> PS:
     """PartitionSpec of the parameter at `path` (a key path of an nnx.State or a pure dict);
     with `experts` (an expert axis) the [E, ...] stacks split along E."""
@@ -93,6 +102,11 @@ def param_spec(path: tuple, model: ModelConfig, tensor_parallel: int, experts: b
     names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
     if tensor_parallel > model.num_kv_heads and names & {"k_proj", "v_proj"}:
         return PS()  # every device computes all KV heads and keeps the one it reads
+    if vocab_shards(model, tensor_parallel) > 1:
+        if "embed" in names and "embedding" in names:
+            return PS(TENSOR, None)  # [V, D], also the tied output head
+        if "lm_head" in names and "kernel" in names:
+            return PS(None, TENSOR)  # [D, V]
     if names & set(_BY_OUTPUT) and "kernel" in names:
         return PS(None, TENSOR)
     if names & set(_BY_INPUT) and "kernel" in names:
