@@ -118,8 +118,9 @@ def test_engine_terms_equal_the_hand_computed_formula():
         setup(TINY, cpu(1), FOUR, roles=roles, rollout=RolloutConfig(tensor_parallel=2))
     )
     assert half.engine.kv_cache == e.kv_cache // 2 and half.engine.prefill == e.prefill // 2
-    sharded = 2 * (49_312 - 160) * 4  # per layer all but the norms' 2D + 2h scales
-    assert half.engine.weights == e.weights - sharded // 2  # norms and embeddings replicated
+    # per layer all but the norms' 2D + 2h scales, and the tied [V, D] embedding (by vocabulary)
+    sharded = (2 * (49_312 - 160) + 16 * 64) * 4
+    assert half.engine.weights == e.weights - sharded // 2  # the norms replicated
 
 
 def test_longer_rows_pack_several_sequences_at_the_caps():
