@@ -110,8 +110,8 @@ def test_engine_terms_equal_the_hand_computed_formula():
     assert e.weights == count_parameters(TINY) * 4
     # 3 prompt tokens padded to the 16-token bucket + 5 new = 21 slots per sequence.
     assert e.kv_cache == 4 * 21 * (2 * 2 * 2 * 16 * 4)  # seqs x S x (layers x k,v x K x h x fp32)
-    # 2 copies x seqs x H x chunk x S x fp32, and the chunk loop's second KV cache
-    assert e.prefill == 2 * 4 * 4 * 16 * 21 * 4 + e.kv_cache
+    # 2 copies x seqs x H x chunk x P x fp32, and the chunk loop's prompt cache of P slots
+    assert e.prefill == 2 * 4 * 4 * 16 * 16 * 4 + e.kv_cache * 16 // 21
     assert e.decode == 2 * 4 * 16 * 4  # logits and log-softmax, seqs x V fp32
     roles = build_layout(PlacementKind.co, hosts=1, devices_per_host=1)
     half = fit.resolve_plan(

@@ -35,7 +35,9 @@ def test_moe_train_step_estimate_is_within_tolerance_of_xla():
 
 
 def test_moe_generation_wave_estimate_is_within_tolerance_of_xla():
-    """Plan / XLA 0.92 when written (XLA 8.0 MB)."""
+    """Plan / XLA 0.92 when written (XLA 8.0 MB); 1.07 since a prefill chunk's scores span
+    the prompt's slots and the plan counts the one masked expert product XLA on CPU keeps (XLA
+    8.3 MB)."""
     model = QWEN3_MOE
     rows, prompt, new = 16, 64, 64
     shape = EngineShape(

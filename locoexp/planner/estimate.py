@@ -47,12 +47,13 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
     the embedding and output head split by vocabulary when t divides V (replicated
     otherwise), norms replicated (locoexp/rollout/sharding.py);
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
-  prefill of one chunk of c tokens: float32 scores s*(H/t)*c*S, two copies (scores and
-    probabilities; four with a bfloat16 sampler, which also casts them) and a second KV cache
-    (the chunk loop's carry); decode: the float32 [s, V] logits, two copies (logits and
-    log-softmax), split by vocabulary with the head (a top-k sampler gathers them: not
-    counted); on CPU a bfloat16 sampler's programs also hold float32 copies of its weights
-    (`_upcast`).
+  prefill of one chunk of c tokens: float32 scores s*(H/t)*c*P', two copies (scores and
+    probabilities; four with a bfloat16 sampler, which also casts them) and the prompt's
+    P'-slot KV cache (the chunk loop's carry, widened to S slots after); decode: the
+    float32 [s, V] logits, two copies (logits and log-softmax), split by vocabulary with the
+    head (a top-k sampler gathers them: not counted); on CPU a bfloat16 sampler's programs
+    also hold float32 copies of its weights (`_upcast`), and a mixture of experts' prefill
+    one masked expert product per chunk token.
 Mixture of experts (locoexp/model/moe.py; E experts, k per token, I expert width, EP degree e):
   the [E, ...] expert stacks are split E/e per device (the engine's `rollout.expert_parallel`,
   the trainer's `trainer.expert_parallel`; FSDP already splits the trainer's, so there EP
@@ -83,9 +84,10 @@ BYTES = {DType.float32: 4, DType.bfloat16: 2}
 # Dense attention keeps four float32 [H, L] rows per token and layer through the backward pass:
 # the scores, the masked scores, the probabilities and their gradient (XLA, tests/test_planner_xla).
 DENSE_SCORE_COPIES = 4
-# Prefill keeps float32 [s, H, c, S] scores, masked scores and probabilities beside a second KV
-# cache (the chunk loop's carry): fitted to XLA (CPU) at eight engine shapes (chunks of 1/4 to
-# all of the prompt; tests/test_planner_xla.py checks three), within 0.79-1.15.
+# Prefill keeps float32 [s, H, c, P'] scores, masked scores and probabilities beside the prompt's
+# KV cache (the chunk loop's carry): fitted to XLA (CPU) at eight engine shapes (chunks of 1/4 to
+# all of the prompt; tests/test_planner_xla.py checks three), within 0.79-1.15 when the scores
+# spanned S slots; since they span P' (session 19) the checked shapes read 1.00-1.23.
 BLOCKWISE_TILE_COPIES = 5  # scores, probabilities, their gradient, the score gradient, mask
 PREFILL_SCORE_COPIES = {DType.float32: 2, DType.bfloat16: 4}
 DECODE_LOGIT_COPIES = 2  # logits and their log-softmax for sampling
@@ -417,16 +419,23 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)
     sampler = dataclasses.replace(c, param_dtype=shape.dtype)
-    # dense_groups=False: the engine's forward-only programs never hold the masked [E/e, N*k,
-    # I] products at once (XLA on CPU, a tiny Qwen3-MoE wave: plan / XLA 0.92 without them,
-    # 1.87 with; tests/test_moe_plan_xla.py)
+    # dense_groups=False: the engine's forward-only programs never hold all three masked
+    # [E/e, N*k, I|D] products at once; XLA on CPU keeps one [E/e, N*k, I] beside a prefill
+    # chunk's routed buffers (a tiny Qwen3-MoE wave, tests/test_moe_plan_xla.py: plan / XLA
+    # 1.07 with it, 0.69 without, once the chunk's scores span P' slots instead of S)
     routed = _routed_per_token(sampler, shape.expert_parallel, dense_groups=False, gathered=False)
+    if c.moe and shape.float32_matmuls:
+        experts = c.num_experts // shape.expert_parallel
+        masked = experts * c.experts_per_token * c.expert_mlp_dim * BYTES[shape.dtype]
+    else:
+        masked = 0
     return EngineMemory(
         weights=weights,
         kv_cache=kv_cache,
-        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * slots * F32
-        + kv_cache
-        + s * chunk * routed,
+        # a chunk attends the prompt's P slots; its cache is widened to S after
+        prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * shape.prompt_tokens * F32
+        + kv_cache * shape.prompt_tokens // slots
+        + s * chunk * (routed + masked),
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size // vocab_shards(c, t) * F32 + s * routed,
         outputs=_engine_outputs(shape),
         compaction=kv_cache // 2 if shape.continuous_requests else 0,

@@ -3,8 +3,8 @@
 A slot holds one request: its KV cache row (the left-padded prompt at slots [0, P), then one
 slot per generated token), how many tokens it has generated and its last token. Three programs:
 - `start` prefills requests 0..W-1 into W slots, in chunks of `chunk` tokens per sequence (one
-  `fori_loop` iteration per chunk: attention scores are [W, H, chunk, S] per layer, never
-  [P, P]) and samples each one's first token.
+  `fori_loop` iteration per chunk: attention scores are [W, H, chunk, P] per layer, never
+  [P, P]; the cache is widened to S slots after) and samples each one's first token.
 - `run` is a `lax.while_loop` of decode iterations, one token per slot, with no host round trip
   per token (the paper's Eq. 2 per-iteration terms are all device time). A slot whose request
   ends (EOS or its cap) is empty; with `refill` the loop prefills the next waiting request into
@@ -150,14 +150,14 @@ def start(
     rows = jnp.arange(width)
     taken = jnp.minimum(rows, total - 1)
     prompt_lens = requests.prompt_lens[taken]
-    cache, last = _prefill_rows(
-        model,
-        requests.prompts[taken],
-        prompt_lens,
-        chunk=chunk,
-        slots=prompt_len + max_new,
-        heads=cache_heads,
+    # prefilled over the prompt's P slots, then widened to the S = P + M the decode writes: a
+    # chunk's scores are [W, H, chunk, P], not [W, H, chunk, S] (M / P times more, all masked)
+    prompts, heads = requests.prompts[taken], cache_heads
+    prompt_cache, last = _prefill_rows(
+        model, prompts, prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
     )
+    widen = lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, max_new), (0, 0)))
+    cache = jax.tree.map(widen, prompt_cache)
     request = jnp.where(rows < total, rows, total)
     slots = Slots(
         cache=cache,

@@ -29,9 +29,10 @@ vocabulary, L layers):
   every request's, N * M * (4 + 4), replicated, and the left-padded prompts, N * P' * 4; a
   compaction briefly holds the narrower width's copy of the cache beside it.
 - prefill temporaries, one layer at a time, c = min(rollout.prefill_chunk_tokens, P'):
-  scores s * (H/t) * c * S * 4 (float32) and their probabilities at a, plus the [s, c, S] mask;
-  decode's are the same with c = 1, plus the logits and sampler buffers, about 3 * s * V * 4
-  (V / t when split by vocabulary).
+  scores s * (H/t) * c * P' * 4 (float32) and their probabilities at a, plus the [s, c, P']
+  mask, and the prompt's P'-slot cache (widened to S slots after); decode's are over S with
+  c = 1, plus the logits and sampler buffers, about 3 * s * V * 4 (V / t when split by
+  vocabulary).
 - `load_weights` with a dtype cast briefly holds the published weights at the engine's layout
   in their own dtype as well.
 
