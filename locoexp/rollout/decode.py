@@ -152,10 +152,10 @@ def start(
     prompt_lens = requests.prompt_lens[taken]
     # prefilled over the prompt's P slots, then widened to the S = P + M the decode writes: a
     # chunk's scores are [W, H, chunk, P], not [W, H, chunk, S] (M / P times more, all masked)
-    prompts, heads = requests.prompts[taken], cache_heads
     prompt_cache, last = _prefill_rows(
-        model, prompts, prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
-    )
+        model, requests.prompts[taken], prompt_lens, chunk=chunk, slots=prompt_len,
+        heads=cache_heads,
+    )  # fmt: skip
     widen = lambda c: jnp.pad(c, ((0, 0), (0, 0), (0, max_new), (0, 0)))
     cache = jax.tree.map(widen, prompt_cache)
     request = jnp.where(rows < total, rows, total)
@@ -216,17 +216,19 @@ def _refill(model, s: Slots, requests: Requests, *, replicas, chunk, heads, samp
     prefilled, last = _prefill_rows(
         model, requests.prompts[taken], prompt_lens, chunk=chunk, slots=prompt_len, heads=heads
     )
-    put = lambda rows, i, new: rows.at[i].set(new, mode="drop")
-    put_rows = lambda x, new: _per_replica(put, x, local, new, replicas=replicas)
-    put_prompt = lambda rows, i, new: rows.at[i, :, :prompt_len].set(new, mode="drop")
-    put_cache = lambda c, new: _per_replica(put_prompt, c, local, new, replicas=replicas)
+
+    def put(x, new, *within):  # each replica's `new` into its slot `local`, at [slot, *within]
+        write = lambda rows, i, value: rows.at[(i, *within)].set(value, mode="drop")
+        return _per_replica(write, x, local, new, replicas=replicas)
+
+    prompt_slots = (slice(None), slice(None, prompt_len))  # [E, P] of a slot's [E, S, h] cache
     return s._replace(
-        cache=jax.tree.map(put_cache, s.cache, prefilled),
-        request=put_rows(s.request, request_ids),
-        length=put_rows(s.length, jnp.zeros_like(request_ids)),
-        prompt_len=put_rows(s.prompt_len, prompt_lens),
-        pending=put_rows(s.pending, jnp.ones_like(take)),
-        fresh=put_rows(s.fresh, last),
+        cache=jax.tree.map(lambda c, new: put(c, new, *prompt_slots), s.cache, prefilled),
+        request=put(s.request, request_ids),
+        length=put(s.length, jnp.zeros_like(request_ids)),
+        prompt_len=put(s.prompt_len, prompt_lens),
+        pending=put(s.pending, jnp.ones_like(take)),
+        fresh=put(s.fresh, last),
         waiting=s.waiting + take.sum(dtype=jnp.int32),
         counts=s.counts.at[3].add(take.sum(dtype=jnp.int32)),
     )

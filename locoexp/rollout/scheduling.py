@@ -106,8 +106,7 @@ class SlotPrograms:
         """`start` (static: call, width, requests), `compact` (call, width, requests, the width
         compacted from) or `run` (call, width, requests, floor, refill)."""
         call, width = static[0], static[1]
-        common = dict(sampling=call.sampling, eos_id=self.eos_id)
-        sampler = dict(common, vocab_shards=self.vocab_shards)
+        sampler = dict(sampling=call.sampling, eos_id=self.eos_id, vocab_shards=self.vocab_shards)
         out = self._slot_shardings()
         match kind:
             case "start":
