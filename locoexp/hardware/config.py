@@ -1,13 +1,16 @@
 """Schema of the `hardware` config group.
 
 `cpu`: H local processes stand in for H hosts, each with its own CPU devices (the same code path
-as a TPU slice; nothing but the chips is simulated). TPU v7x slices (Section 3): 4 chips per host,
-2 TensorCores per chip exposed as JAX devices, about 94.7 GiB usable per device.
+as a TPU slice; nothing but the chips is simulated). TPU slices (`conf/hardware/tpu_*`): v5e, v5p,
+v6e and v7x from 4 to 256 chips, each preset naming its libtpu topology (`topology`, the chips
+along each axis), chips per host and memory per device. v7x (Section 3): 4 chips per host, 2
+TensorCores per chip exposed as JAX devices, about 94.7 GiB usable per device.
 """
 
 import dataclasses
 import enum
 import ipaddress
+import math
 
 from locoexp.errors import ConfigError, require
 
@@ -16,6 +19,9 @@ LOOPBACK = "127.0.0.1"
 
 class ChipKind(enum.Enum):
     cpu = "cpu"
+    tpu_v5e = "tpu_v5e"
+    tpu_v5p = "tpu_v5p"
+    tpu_v6e = "tpu_v6e"
     tpu_v7x = "tpu_v7x"
 
 
@@ -30,6 +36,9 @@ class HardwareConfig:
     # None (hardware=cpu only): the local hosts share this machine's physical memory, read from
     # the OS, and the memory plan checks their sum (locoexp/planner).
     memory_per_device_gib: float | None = None
+    # A TPU slice's chips along each axis as libtpu names its topology ("2x2x2": 8 v7x chips),
+    # what `dry_run=compile` compiles for (locoexp/compiled/topology.py); None on CPU.
+    topology: str | None = None
     chip_hour_price_usd: float = 0.0  # for cost-to-learn in money; 0 = unpriced
     # The jax.distributed coordinator's port: the local launcher's (hardware=cpu, on 127.0.0.1)
     # and the da trainer group's (on trainer host 0). 0 = pick a free port.
@@ -56,7 +65,7 @@ class HardwareConfig:
     @property
     def platform(self) -> str:
         """The JAX backend these chips run ("cpu", "tpu"), for the kernel checks."""
-        return {ChipKind.cpu: "cpu", ChipKind.tpu_v7x: "tpu"}[self.chip]
+        return "cpu" if self.chip is ChipKind.cpu else "tpu"
 
     @property
     def chips(self) -> int:
@@ -108,6 +117,30 @@ class HardwareConfig:
             f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].",
         )
         self._check_cluster_launch()
+        self._check_topology()
+
+    def _check_topology(self) -> None:
+        """`topology` names as many chips as the hosts hold (TPU slices only)."""
+        if self.topology is None:
+            return
+        require(
+            self.chip is not ChipKind.cpu,
+            f"hardware.topology={self.topology} names a TPU slice's chips; hardware.chip=cpu "
+            "has none (leave it null).",
+        )
+        dims = self.topology.split("x")
+        require(
+            all(d.isdigit() and int(d) > 0 for d in dims) and len(dims) in (2, 3),
+            f"hardware.topology={self.topology} must be the chips along each axis, such as "
+            "2x2 (v5e, v6e) or 2x2x2 (v5p, v7x).",
+        )
+        chips = math.prod(int(d) for d in dims)
+        require(
+            self.hosts is None or chips == self.chips,
+            f"hardware.topology={self.topology} has {chips} chips but hardware.hosts="
+            f"{self.hosts} x hardware.chips_per_host={self.chips_per_host} is {self.chips}: "
+            "choose a hardware=tpu_* preset, or set them to agree.",
+        )
 
     def _check_cluster_launch(self) -> None:
         """`coordinator_address` and `process_id` name one host of a cluster-started group."""

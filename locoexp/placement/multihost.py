@@ -68,7 +68,8 @@ def _records(keys: list[str], rows: np.ndarray) -> list[dict[str, float]]:
 
 
 @functools.cache
-def _replicator(mesh: Mesh, dtype):
+def replicator(mesh: Mesh, dtype):
+    """The jitted gather of `replicate` (cached per mesh and dtype; the compile path lowers it)."""
     cast = (
         (lambda p: p) if dtype is None else (lambda p: jax.tree.map(lambda x: x.astype(dtype), p))
     )
@@ -79,7 +80,7 @@ def replicate(params, mesh: Mesh, dtype=None):
     """All-gather sharded params into a full copy on every device of `mesh` (one program,
     compiled once per tree structure), cast to `dtype` first when given (the engine's: a bf16
     sampler of an fp32 trainer gathers half the bytes, Table I3)."""
-    return _replicator(mesh, dtype)(params)
+    return replicator(mesh, dtype)(params)
 
 
 def local_copy(array: jax.Array, devices: list[jax.Device]) -> jax.Array:

@@ -130,7 +130,11 @@ class JaxEngine:
         eos_id: int,
         pad_id: int,
         devices: Sequence[jax.Device],
+        abstract: bool = False,
     ):
+        """abstract: the weights stay ShapeDtypeStructs on the engine's layout (`model` may come
+        from `nnx.eval_shape`), so its programs compile for `devices` without allocating, a TPU
+        topology's included (locoexp/compiled)."""
         tp = config.tensor_parallel
         sharding.check_tensor_parallel(model.config, tp, len(devices))
         ep = sharding.resolve_expert_parallel(
@@ -162,7 +166,14 @@ class JaxEngine:
             pad_id=pad_id,
         )
         self._abstract = abstract  # the params' structure, for a per-layer load after a release
-        self.params = self._place(nnx.split(model, nnx.Param)[1], self._param_shardings)
+        if abstract:
+            self.params = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                abstract,
+                self._param_shardings,
+            )
+        else:
+            self.params = self._place(nnx.split(model, nnx.Param)[1], self._param_shardings)
 
     @property
     def num_devices(self) -> int:

@@ -177,6 +177,13 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
     )
 
 
+def _abstractly(tree, shardings):
+    """`tree`'s leaves as ShapeDtypeStructs placed by `shardings` (nothing allocated)."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
 def shard_like_fsdp(mesh: Mesh, state) -> object:
     """Each leaf's `param_spec` sharding on `mesh`."""
     return jax.tree_util.tree_map_with_path(
@@ -197,9 +204,15 @@ class Trainer:
         temperature: float,
         max_new_tokens: int,
         adapter: AdapterConfig | None = None,
+        abstract: bool = False,
     ):
-        check_attention_backend(config.attention, jax.default_backend())
-        check_remat_backend(config.remat, jax.default_backend())
+        # abstract: `model` comes from `nnx.eval_shape` and the state stays ShapeDtypeStructs on
+        # `mesh` (nothing allocated): the step compiles for the mesh's devices, which may be a
+        # TPU topology's without a TPU (`locoexp.planner.compiled`)
+        platform = mesh.devices.flat[0].platform
+        check_attention_backend(config.attention, platform)
+        check_remat_backend(config.remat, platform)
+        self.abstract = abstract
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.moe, self.router_aux_loss_coef = model.config.moe, model.config.router_aux_loss_coef
@@ -212,11 +225,13 @@ class Trainer:
         self.adapter = adapter or AdapterConfig()
         trainable, frozen = self._split_trainable(model, params)
         self.param_shardings = shard_like_fsdp(mesh, trainable)
-        self.trainable = jax.device_put(trainable, self.param_shardings)
-        self.frozen = jax.device_put(frozen, shard_like_fsdp(mesh, frozen))
+        place = _abstractly if abstract else jax.device_put
+        self.trainable = place(trainable, self.param_shardings)
+        self.frozen = place(frozen, shard_like_fsdp(mesh, frozen))
         # a copy: the step donates self.trainable, which must not free the reference (under
         # LoRA the reference is the initial adapters on the frozen base: the base model)
-        self.reference = jax.tree.map(jnp.copy, self.trainable) if algo.kl_coef > 0 else None
+        copy = (lambda tree: tree) if abstract else (lambda tree: jax.tree.map(jnp.copy, tree))
+        self.reference = copy(self.trainable) if algo.kl_coef > 0 else None
         self.optimizer = build_optimizer(algo)
         # Optimizer moments shard like their parameters; counters are replicated. Fixing the
         # output shardings keeps every step's inputs identical to the first's (one compile).
@@ -228,8 +243,11 @@ class Trainer:
             self.param_shardings,
             transform_non_params=lambda _: replicated,
         )
-        self.opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(
-            self.trainable
+        init = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)
+        self.opt_state = (
+            _abstractly(jax.eval_shape(init, trainable), self.opt_shardings)
+            if abstract
+            else init(self.trainable)
         )
         self.loss_spec = HeadLossSpec(
             clip_eps_low=algo.clip_eps_low,
@@ -456,9 +474,29 @@ class Trainer:
     def _loss_and_grads_program(self):
         return jax.jit(self._loss_and_grads)  # one program per trainer, not one per call
 
-    def lower_step(self, batch: PackedBatch) -> jax.stages.Lowered:
-        """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`)."""
-        placed = self.device_batch(batch)
+    def abstract_batch(self, rows: int, row_tokens: int, slots: int) -> TrainBatch:
+        """The step's batch of `rows` x `row_tokens` packed rows and `slots` loss slots (all
+        devices together) as placed ShapeDtypeStructs: what a compile reads of a batch."""
+        shapes = TrainBatch(
+            **{name: ((rows, row_tokens), jnp.int32) for name in ROW_FIELDS},
+            loss_index=((slots,), jnp.int32),
+            loss_targets=((slots,), jnp.int32),
+            loss_mask=((slots,), jnp.float32),
+            advantages=((slots,), jnp.float32),
+            behaviour_logprobs=((slots,), jnp.float32),
+            normalizer=((), jnp.float32),
+        )
+        return jax.tree.map(
+            lambda spec, s: jax.ShapeDtypeStruct(*spec, sharding=s),
+            shapes,
+            self.batch_shardings,
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+
+    def lower_step(self, batch: PackedBatch | TrainBatch) -> jax.stages.Lowered:
+        """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`): a
+        host batch, or an `abstract_batch`."""
+        placed = batch if isinstance(batch, TrainBatch) else self.device_batch(batch)
         with expert_mesh(self.mesh):
             return self._step.lower(
                 self.trainable, self.opt_state, self.frozen, placed, self.reference

@@ -1,0 +1,217 @@
+"""Every program a run's roles execute, compiled for its devices without allocating anything.
+
+`compile_programs` builds the run's trainer and one rollout engine abstractly (`nnx.eval_shape`
+models, ShapeDtypeStruct state placed on the run's own meshes: `Trainer(abstract=True)`,
+`JaxEngine(abstract=True)`) on the devices it is given, a TPU topology's without a TPU
+(`topology.py`), and lowers and compiles with the run's own code paths:
+
+- trainer: the train step at the plan's packed shapes and micro-batches (`train_step`), the
+  weight publication's gather into a replica in the sampler's dtype (`publish`, what co's load
+  and da's object-store put start from; `placement/multihost.replicate`), and under
+  `adapter=lora` the merge of the adapters into the policy (`lora_merge`);
+- engine: the first fill of its slots (`prefill`, chunked), the decode loop (`decode`; with
+  continuous batching the loop that refills freed slots, and `compact`, the narrowing).
+
+A mixture-of-experts model's expert-parallel layers are inside the step and the engine's
+programs, on their own mesh axes. Each program reports XLA's argument, output, alias and
+temporary bytes per device (`ProgramMemory`). It never runs a program.
+"""
+
+import dataclasses
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from locoexp.adapter.config import AdapterConfig
+from locoexp.algo.config import AlgoConfig
+from locoexp.model.config import ModelConfig
+from locoexp.model.moe import expert_mesh
+from locoexp.model.transformer import Transformer
+from locoexp.placement.layout import Layout
+from locoexp.placement.multihost import replicator
+from locoexp.planner.plan import Plan
+from locoexp.rollout import decode, scheduling
+from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler
+from locoexp.rollout.engine import JaxEngine, wave_rows
+from locoexp.trainer.config import TrainerConfig
+from locoexp.trainer.trainer import Trainer, shard_like_fsdp, trainer_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """XLA's buffer assignment of one compiled program, bytes per device."""
+
+    role: str  # "trainer" or "engine"
+    name: str
+    argument: float
+    output: float
+    alias: float  # donated inputs reused as outputs
+    temp: float
+    seconds: float  # compile time
+    flops: float = 0.0  # XLA's cost analysis, per device
+    bytes_accessed: float = 0.0
+
+    @property
+    def footprint(self) -> float:
+        """What the program holds at its peak: arguments, outputs not aliased, temporaries."""
+        return self.argument + self.output - self.alias + self.temp
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunShapes:
+    """What the compile takes from the run: its sub-configs at the plan's resolved sizes."""
+
+    model: ModelConfig
+    algo: AlgoConfig
+    trainer: TrainerConfig  # micro_batch_rows resolved
+    rollout: RolloutConfig  # capacity resolved
+    adapter: AdapterConfig
+    sampling: SamplingParams
+    max_new_tokens: int
+    layout: Layout
+    devices_per_host: int
+    plan: Plan
+
+
+def _compiled(role: str, name: str, lower) -> ProgramMemory:
+    begin = time.perf_counter()
+    compiled = lower().compile()
+    seconds = time.perf_counter() - begin
+    m = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    return ProgramMemory(
+        role=role,
+        name=name,
+        argument=m.argument_size_in_bytes,
+        output=m.output_size_in_bytes,
+        alias=m.alias_size_in_bytes,
+        temp=m.temp_size_in_bytes,
+        seconds=seconds,
+        flops=float(cost.get("flops", 0.0)),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+    )
+
+
+def abstract_model(config: ModelConfig) -> Transformer:
+    return nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+
+
+def role_devices(shapes: RunShapes, devices: list) -> tuple[list, list]:
+    """(trainer devices, one engine's devices): the trainer hosts' devices, and the first
+    rollout host's engine (host 0's under co, the whole slice on a single controller)."""
+    r, per_host = shapes.layout, shapes.devices_per_host
+    trainer = devices[: r.trainer_hosts * per_host]
+    first = 0 if r.colocated else r.trainer_hosts * per_host
+    return trainer, devices[first : first + r.hosts_per_engine * per_host]
+
+
+def build_trainer(shapes: RunShapes, model: ModelConfig, devices: list) -> Trainer:
+    return Trainer(
+        abstract_model(model),
+        shapes.algo,
+        shapes.trainer,
+        mesh=trainer_mesh(devices, shapes.trainer.expert_parallel),
+        temperature=shapes.sampling.temperature,
+        max_new_tokens=shapes.max_new_tokens,
+        adapter=shapes.adapter,
+        abstract=True,
+    )
+
+
+def build_engine(shapes: RunShapes, model: ModelConfig, devices: list) -> JaxEngine:
+    return JaxEngine(
+        abstract_model(model), shapes.rollout, eos_id=0, pad_id=0, devices=devices, abstract=True
+    )
+
+
+def trainer_programs(shapes: RunShapes, trainer: Trainer) -> list[ProgramMemory]:
+    t, devices = shapes.plan.trainer_shape, trainer.devices
+    batch = trainer.abstract_batch(t.rows * devices, t.row_tokens, t.loss_slots * devices)
+    out = [_compiled("trainer", "train_step", lambda: trainer.lower_step(batch))]
+    dtype = jnp.dtype((shapes.rollout.param_dtype or shapes.model.param_dtype).value)
+    if shapes.adapter.trains_adapters:
+        merge = lambda: trainer._merge.lower(trainer.trainable, trainer.frozen)  # noqa: E731
+        out.append(_compiled("trainer", "lora_merge", merge))
+        policy = jax.eval_shape(trainer._merge, trainer.trainable, trainer.frozen)
+        policy = _placed_like(policy, shard_like_fsdp(trainer.mesh, policy))
+    else:
+        policy = trainer.trainable
+    publish = lambda: replicator(trainer.mesh, dtype).lower(policy)  # noqa: E731
+    out.append(_compiled("trainer", "publish", publish))
+    return out
+
+
+def _placed_like(tree, shardings):
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
+    """The engine's programs at the plan's capacity: one wave (waves), or every request of
+    the step through the slots (continuous) and the first compaction."""
+    e, plan = shapes.plan.engine_shape, shapes.plan
+    continuous = shapes.rollout.scheduler is Scheduler.continuous
+    width = wave_rows(plan.requests_per_engine, plan.capacity, engine.replicas)
+    requests = plan.requests_per_engine if continuous else width
+    call = scheduling.Call(
+        prompt_len=e.prompt_tokens,
+        max_new=shapes.max_new_tokens,
+        chunk=min(shapes.rollout.prefill_chunk_tokens, e.prompt_tokens),
+        sampling=shapes.sampling,
+    )
+    slots, replicated = engine._slots, engine._slots.replicated
+    placed = decode.Requests(
+        prompts=jax.ShapeDtypeStruct((requests, e.prompt_tokens), jnp.int32, sharding=replicated),
+        prompt_lens=jax.ShapeDtypeStruct((requests,), jnp.int32, sharding=replicated),
+        caps=jax.ShapeDtypeStruct((requests,), jnp.int32, sharding=replicated),
+        first=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+    )
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    static = (call, width, requests)
+    widths = scheduling.slot_widths(width, engine.replicas) if continuous else [width]
+    floor = widths[1] if len(widths) > 1 else 0
+    with expert_mesh(engine.mesh):
+        start = slots.jit("start", static)
+        out = [_compiled("engine", "prefill", lambda: start.lower(engine.params, placed, key))]
+        state = jax.eval_shape(start, engine.params, placed, key)
+        run = slots.jit("run", (*static, floor, continuous))
+        out.append(_compiled("engine", "decode", lambda: run.lower(engine.params, state, placed)))
+        if floor:
+            compact = slots.jit("compact", (call, floor, requests, width))
+            out.append(_compiled("engine", "compact", lambda: compact.lower(state)))
+    return out
+
+
+def compile_programs(shapes: RunShapes, devices: list, *, layers: int) -> list[ProgramMemory]:
+    """Every program of the run's trainer and one engine, with the model cut to `layers`
+    layers (the caller fits the per-layer growth, `compiled/verdict.py`)."""
+    model = dataclasses.replace(shapes.model, num_layers=layers)
+    trainer_devices, engine_devices = role_devices(shapes, devices)
+    trainer = build_trainer(shapes, model, trainer_devices)
+    engine = build_engine(shapes, model, engine_devices)
+    return trainer_programs(shapes, trainer) + engine_programs(shapes, engine)
+
+
+def state_bytes(tree) -> int:
+    """Bytes per device of placed ShapeDtypeStructs (the largest shard of each)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += jnp.dtype(x.dtype).itemsize * math.prod(shard)
+    return total
+
+
+def resident_bytes(shapes: RunShapes, devices: list) -> tuple[int, int]:
+    """(the trainer's state, an engine's weights) per device at the full model: what stays
+    alive between programs (params, AdamW moments, frozen base, KL reference; the engine's
+    replica), from the same abstract state the programs compile with."""
+    trainer_devices, engine_devices = role_devices(shapes, devices)
+    trainer = build_trainer(shapes, shapes.model, trainer_devices)
+    engine = build_engine(shapes, shapes.model, engine_devices)
+    state = (trainer.trainable, trainer.opt_state, trainer.frozen, trainer.reference)
+    return state_bytes(state), state_bytes(engine.params)

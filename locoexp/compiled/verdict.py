@@ -1,0 +1,138 @@
+"""`compile_run(config)`: what fits, from XLA's compiled programs rather than the plan's model.
+
+The run's programs (`programs.py`) are compiled for its devices (`topology.py`: a TPU slice's,
+on any machine with libtpu) at the plan's resolved sizes. The layers of a decoder are unrolled
+copies of one block, so XLA's buffer sizes grow linearly with the layer count: each program is
+compiled at two cuts of the model (`layer_cuts`: 2 and 4 layers, or 2 and 4 periods of a
+Gemma4 local/global pattern; the whole model when it is that small) and each size is read at
+the model's own layer count from the line through the two. On Qwen3-0.6B's GSM8K train step
+(v7x, 8 devices, splash attention), the line through 2 and 4 layers gives the 28-layer
+compile's temporaries within 3.0% and its arguments within 0.01% (experiments/LOG.md,
+session 20); compiling all 28 layers takes 226 s on 2 cores against 138 s for the two cuts.
+
+A role's peak per device is its largest program's footprint plus what stays alive beside it:
+colocated (co, single_controller), the train step also holds the engine's weights and the
+engine's programs the trainer's state; publication and the LoRA merge hold the trainer state
+their arguments leave out. The verdict compares each role's peak with
+`hardware.memory_per_device_gib`. Nothing is allocated and nothing runs.
+"""
+
+import dataclasses
+
+from locoexp.compiled.programs import ProgramMemory, RunShapes, compile_programs, resident_bytes
+from locoexp.compiled.topology import topology_devices
+from locoexp.config import Config
+from locoexp.model.config import ModelConfig
+from locoexp.planner import check_tensor_parallel, resolve_plan, resolved_micro_batch_rows
+from locoexp.planner.estimate import GIB
+from locoexp.planner.fit import check_expert_parallel
+from locoexp.planner.plan import Plan
+from locoexp.session.build import build_settings, plan_setup
+
+_SIZES = ("argument", "output", "alias", "temp", "flops", "bytes_accessed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompiledRun:
+    """A run's programs as XLA compiled them, at the model's full depth, and the verdict."""
+
+    programs: list[ProgramMemory]
+    layer_cuts: tuple[int, ...]  # the layer counts compiled
+    trainer_state: int  # bytes per device alive between programs
+    engine_weights: int
+    colocated: bool
+    keeps_engine_weights: bool  # colocated and not rollout.release_weights_during_training
+    limit: int  # bytes per device
+    plan: Plan
+    target: str  # libtpu's topology name, or the backend's
+
+    def peak(self, program: ProgramMemory) -> float:
+        """The program's footprint plus the state alive beside it on the same device."""
+        beside = 0.0
+        if program.role == "trainer":
+            if program.name != "train_step":  # its arguments leave out part of the state
+                beside += max(self.trainer_state - program.argument, 0)
+            beside += self.engine_weights if self.keeps_engine_weights else 0
+        elif self.colocated:
+            beside += self.trainer_state
+        return program.footprint + beside
+
+    def role_peak(self, role: str) -> float:
+        return max((self.peak(p) for p in self.programs if p.role == role), default=0.0)
+
+    @property
+    def fits(self) -> bool:
+        return all(self.role_peak(r) <= self.limit for r in ("trainer", "engine"))
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(p.seconds for p in self.programs)
+
+
+def layer_cuts(model: ModelConfig) -> tuple[int, ...]:
+    """The layer counts to compile: two cuts whose sizes extrapolate linearly, or the whole
+    model when it is no deeper than the second cut."""
+    period = model.global_attention_every if model.gemma4 else 1
+    cuts = (2 * period, 4 * period)
+    return (model.num_layers,) if model.num_layers <= cuts[1] else cuts
+
+
+def at_depth(cut: list[ProgramMemory], wider: list[ProgramMemory], cuts, layers: int):
+    """Each program's sizes read at `layers` from the line through its two compiled cuts
+    (compile seconds: both compiles together)."""
+    (a, b), out = cuts, []
+    for p, q in zip(cut, wider, strict=True):
+        scaled = {
+            k: max(getattr(p, k) + (getattr(q, k) - getattr(p, k)) * (layers - a) / (b - a), 0.0)
+            for k in _SIZES
+        }
+        out.append(dataclasses.replace(p, **scaled, seconds=p.seconds + q.seconds))
+    return out
+
+
+def run_shapes(config: Config) -> RunShapes:
+    """The run's sub-configs at the plan's resolved micro-batches and capacity."""
+    setup = plan_setup(config)
+    check_tensor_parallel(setup)
+    check_expert_parallel(setup)
+    plan = resolve_plan(setup)
+    settings = build_settings(config, local_devices=config.hardware.devices_per_host)
+    micro = resolved_micro_batch_rows(config.trainer, plan)
+    return RunShapes(
+        model=config.model,
+        algo=config.algo,
+        trainer=dataclasses.replace(config.trainer, micro_batch_rows=micro),
+        rollout=dataclasses.replace(config.rollout, capacity=plan.capacity),
+        adapter=config.adapter,
+        sampling=settings.sampling,
+        max_new_tokens=config.dataset.max_new_tokens,
+        layout=setup.layout,
+        devices_per_host=config.hardware.devices_per_host,
+        plan=plan,
+    )
+
+
+def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
+    """Compile every program of `config`'s roles for `devices` (default: its TPU slice's
+    topology) and judge the fit from XLA's memory analysis."""
+    from locoexp.compiled.topology import topology_name  # noqa: PLC0415
+
+    shapes = run_shapes(config)
+    target = devices[0].platform if devices else topology_name(config.hardware)
+    devices = devices or topology_devices(config.hardware)
+    cuts = layer_cuts(config.model)
+    compiled = [compile_programs(shapes, devices, layers=n) for n in cuts]
+    programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
+    trainer_state, engine_weights = resident_bytes(shapes, devices)
+    r = shapes.layout
+    return CompiledRun(
+        programs=programs,
+        layer_cuts=cuts,
+        trainer_state=trainer_state,
+        engine_weights=engine_weights,
+        colocated=r.colocated,
+        keeps_engine_weights=r.colocated and not config.rollout.release_weights_during_training,
+        limit=int(config.hardware.memory_per_device_gib * GIB),
+        plan=shapes.plan,
+        target=target,
+    )
