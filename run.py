@@ -83,7 +83,14 @@ def cli() -> None:
     if jobs and all(c.dry_run for _, c in jobs):  # print the plans; create no run directory
         from locoexp.preflight import dry_run_report  # noqa: PLC0415
 
-        print(dry_run_report(jobs), flush=True)
+        try:
+            if len(jobs) > 1:  # each job's line as soon as it is planned (or compiled)
+                dry_run_report(jobs, echo=lambda line: print(line, flush=True))
+            else:
+                print(dry_run_report(jobs), flush=True)
+        except ConfigError as error:  # dry_run=compile: no libtpu, a topology it does not know
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
         return
     main()
 

@@ -9,6 +9,8 @@ and turns Hydra's errors into one sentence. It never starts a run; jax loads onl
 
 import dataclasses
 import itertools
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,8 +22,9 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from locoexp.config import Config, config_keys
+from locoexp.config import Config, DryRun, config_keys
 from locoexp.errors import ConfigError
+from locoexp.hardware.config import ChipKind
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
 # `+experiment=<name>` files; conf/config.yaml names them relative to the working directory
@@ -217,15 +220,34 @@ def run_directories(argv: list[str], count: int) -> list[Path]:
     return [base / str(number) for number in range(count)] if multirun else [base]
 
 
+def use_cpu_backend() -> None:
+    """Runs on CPU and dry runs use JAX's CPU backend alone: with libtpu installed (the test
+    extra) JAX would otherwise try a TPU first and libtpu print its accelerator warnings. Set
+    in the environment before jax loads, so the local hosts and Ray actors inherit it."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+
 def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
     """Compose and validate every job of a command line before Hydra starts (an experiment
     file's sweep included), so bad input writes nothing: the schema's checks, then
     `locoexp.preflight.check_run` (files, engine, logger). Returns (overrides, config) per job."""
     jobs = sweep_jobs(argv)
     configs = compose_configs(jobs)
+    if all(c.hardware.chip is ChipKind.cpu or c.dry_run for c in configs):
+        use_cpu_backend()
     from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
 
     for job, config, run_dir in zip(jobs, configs, run_directories(argv, len(jobs)), strict=True):
+        if config.dry_run is DryRun.compile:  # libtpu and the slice, before any compile starts
+            from locoexp.compiled.topology import topology_devices  # noqa: PLC0415
+
+            try:
+                topology_devices(config.hardware)
+            except ConfigError as error:
+                named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
+                raise ConfigError(named) from error
         if not config.dry_run:
             try:
                 check_run(config, run_dir=run_dir)

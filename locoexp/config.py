@@ -8,7 +8,9 @@ anything is allocated or written.
 """
 
 import dataclasses
+import enum
 import math
+from typing import Any
 
 from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
@@ -22,6 +24,27 @@ from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
 from locoexp.rollout.config import RolloutConfig
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
+
+
+class DryRun(enum.Enum):
+    """`dry_run`: run (false), print the plan (true), or compile for the slice (compile)."""
+
+    false = "false"
+    true = "true"
+    compile = "compile"
+
+    def __bool__(self) -> bool:
+        return self is not DryRun.false
+
+
+def _dry_run(value: object) -> DryRun:
+    text = str(value.value if isinstance(value, DryRun) else value).lower()
+    require(
+        text in DryRun._value2member_map_,
+        f"dry_run={value} is not valid: use false (run), true (print the plan) or compile "
+        "(compile every program for the TPU slice with XLA).",
+    )
+    return DryRun(text)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -54,7 +77,11 @@ class Config:
     # A run directory that holds a checkpoint: auto = resume from it (else start at step 0),
     # never = refuse it, must = refuse a run directory without one.
     resume: ResumeMode = ResumeMode.auto
-    dry_run: bool = False  # print the plan (hosts, devices, memory, parameters) and exit
+    # true: print the plan (hosts, devices, memory, parameters) and exit; compile: compile every
+    # program of each role for the run's TPU slice with XLA (libtpu, no TPU needed) and print
+    # XLA's memory per program and its verdict (locoexp/compiled). Typed Any because Hydra
+    # reads `dry_run=true` as a bool; `__post_init__` turns it into a `DryRun`.
+    dry_run: Any = False
     # Steps (0-based) to capture with `jax.profiler` and split into compute / network / host
     # orchestration (Table H1; `breakdown/*_share` in the records). Traces stay in
     # `<run_dir>/profile/step<t>/` for TensorBoard and Perfetto; capture and parsing are kept off
@@ -62,6 +89,7 @@ class Config:
     profile_steps: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
+        self.dry_run = _dry_run(self.dry_run)
         _require_finite(self, prefix="")
         # GRPO and Dr. GRPO compare each sample with its group's mean (Section I.1): a group of
         # one has advantage 0, so every step would train on a zero gradient.

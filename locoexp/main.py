@@ -16,7 +16,7 @@ from typing import Any
 
 from locoexp.checkpoint.state import latest_saved_step
 from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped
-from locoexp.config import Config
+from locoexp.config import Config, DryRun
 from locoexp.metrics.run_output import RunFiles
 from locoexp.placement.config import PlacementKind
 from locoexp.placement.launch import (
@@ -24,7 +24,7 @@ from locoexp.placement.launch import (
     initialize_distributed,
     launch_local_processes,
 )
-from locoexp.preflight import plan
+from locoexp.preflight import compiled, plan
 from locoexp.session.build import build_spec
 from locoexp.session.lifecycle import run_session
 from locoexp.session.spec import RunSpec
@@ -40,8 +40,8 @@ def run(
 ) -> dict[str, Any]:
     """Execute one run; returns its summary (also written to `<run_dir>/summary.json`)."""
     if config.dry_run:
-        print(plan(config), flush=True)
-        return {"dry_run": True}
+        print(compiled(config) if config.dry_run is DryRun.compile else plan(config), flush=True)
+        return {"dry_run": config.dry_run.value}
     spec = build_spec(config)
     files = RunFiles(str(run_dir), resolved_config, sweep_name, progress)
     return launch(spec, files)

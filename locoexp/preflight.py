@@ -47,7 +47,7 @@ from locoexp.checkpoint.state import (
     saved_progress,
 )
 from locoexp.compose import experiment_sweep
-from locoexp.config import Config
+from locoexp.config import Config, DryRun
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
 from locoexp.dataset.files import check_data_files
@@ -109,24 +109,52 @@ def plan(config: Config) -> str:
     return describe_plan(plan_setup(config), hosts_note=note)
 
 
-def dry_run_report(jobs: list[tuple[list[str], Config]]) -> str:
+def compiled(config: Config) -> str:
+    """The `dry_run=compile` report: every program compiled for the run's slice by XLA."""
+    from locoexp.compiled.report import describe_compiled  # noqa: PLC0415
+    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
+
+    return describe_compiled(compile_run(config), plan_setup(config))
+
+
+def _summary(config: Config) -> str:
+    if config.dry_run is not DryRun.compile:
+        return summarize_plan(plan_setup(config))
+    from locoexp.compiled.report import summarize_compiled  # noqa: PLC0415
+    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
+
+    return summarize_compiled(compile_run(config))
+
+
+def dry_run_report(jobs: list[tuple[list[str], Config]], *, echo=None) -> str:
     """`dry_run=true`: one job's whole plan; a sweep's, one line per job (the overrides that set
-    it apart, the verdict, GiB per device of each role, micro-batches, waves)."""
+    it apart, the verdict, GiB per device of each role, micro-batches, waves). `dry_run=compile`:
+    the same from XLA's compiled programs; `echo` receives each sweep line as it is ready (a
+    sweep of compiles takes minutes a job)."""
     if len(jobs) == 1:
         job, config = jobs[0]
         sweep = experiment_sweep(job) if any(o.startswith("+experiment=") for o in job) else []
+        verb = "compile" if config.dry_run is DryRun.compile else "plan"
         note = (
-            f"\n(one job: this experiment sweeps {', '.join(sweep)}; plan every job with -m)"
+            f"\n(one job: this experiment sweeps {', '.join(sweep)}; {verb} every job with -m)"
             if sweep
             else ""
         )
-        return plan(config) + note
+        return (compiled(config) if config.dry_run is DryRun.compile else plan(config)) + note
     shared = set.intersection(*(set(job) for job, _ in jobs))
-    lines = []
+    lines = [f"{len(jobs)} jobs ({' '.join(jobs[0][0])}, ...):"]
+    if echo is not None:
+        echo(lines[0])
     for number, (job, config) in enumerate(jobs):
         cell = " ".join(o for o in job if o not in shared)
-        lines.append(f"job {number} {cell}: {summarize_plan(plan_setup(config))}")
-    return "\n".join([f"{len(jobs)} jobs ({' '.join(jobs[0][0])}, ...):", *lines])
+        try:
+            summary = _summary(config)
+        except ConfigError as error:  # one job's refusal (a topology, libtpu) ends the sweep
+            raise ConfigError(f"job {number} {cell}: {error}") from None
+        lines.append(f"job {number} {cell}: {summary}")
+        if echo is not None:
+            echo(lines[-1])
+    return "\n".join(lines)
 
 
 def check_data(dataset: DatasetConfig) -> int:

@@ -148,13 +148,13 @@ class JaxEngine:
         self.model_config = dataclasses.replace(
             model.config, param_dtype=config.param_dtype or model.config.param_dtype
         )
-        self.graphdef, abstract = nnx.split(
+        self.graphdef, shapes = nnx.split(
             nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0))), nnx.Param
         )
         self.mesh = sharding.engine_mesh(devices, tp, ep)
         self._replicated = NamedSharding(self.mesh, PS())
         self._rows = NamedSharding(self.mesh, PS(sharding.DATA))
-        self._param_shardings = sharding.param_shardings(abstract, self.mesh, self.model_config, tp)
+        self._param_shardings = sharding.param_shardings(shapes, self.mesh, self.model_config, tp)
         self._cache_heads = sharding.cache_heads(self.model_config, tp)
         self._slots = scheduling.SlotPrograms(
             self.graphdef,
@@ -165,11 +165,11 @@ class JaxEngine:
             eos_id=eos_id,
             pad_id=pad_id,
         )
-        self._abstract = abstract  # the params' structure, for a per-layer load after a release
+        self._abstract = shapes  # the params' structure, for a per-layer load after a release
         if abstract:
             self.params = jax.tree.map(
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                abstract,
+                shapes,
                 self._param_shardings,
             )
         else:

@@ -1,0 +1,87 @@
+"""The `dry_run=compile` report: XLA's bytes per program and role beside the plan's, the verdict.
+
+It formats and, for a run that does not fit, asks the planner for settings to try (the plan's
+proposal, named as such: only a compile of that setting confirms it). It never compiles.
+"""
+
+from locoexp.compiled.verdict import CompiledRun
+from locoexp.planner.estimate import GIB
+from locoexp.planner.fit import remedies
+from locoexp.planner.plan import Setup
+
+_HEADER = (
+    f"{'role':<8} {'program':<11} {'argument':>9} {'output':>8} {'alias':>7} {'temp':>7} "
+    f"{'peak':>7} {'plan':>7} {'compile s':>9}"
+)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f}"
+
+
+def _plan_peak(result: CompiledRun, role: str) -> float:
+    return result.plan.trainer_peak if role == "trainer" else result.plan.engine_peak
+
+
+def _rows(result: CompiledRun) -> list[str]:
+    rows = [_HEADER]
+    for p in result.programs:
+        rows.append(
+            f"{p.role:<8} {p.name:<11} {_gib(p.argument):>9} {_gib(p.output):>8} "
+            f"{_gib(p.alias):>7} {_gib(p.temp):>7} {_gib(result.peak(p)):>7} "
+            f"{_gib(_plan_peak(result, p.role)):>7} {p.seconds:>9.1f}"
+        )
+    return rows
+
+
+def _depth(result: CompiledRun, layers: int) -> str:
+    cuts = result.layer_cuts
+    if len(cuts) == 1:
+        return f"all {layers} layers compiled"
+    return f"compiled at {cuts[0]} and {cuts[1]} layers, sizes read at {layers} on their line"
+
+
+def verdict_line(result: CompiledRun, setup: Setup) -> str:
+    """Each role's peak per device (XLA, and the plan's), and the verdict from XLA."""
+    limit, roles = result.limit, ("trainer", "engine")
+    parts = [
+        f"{role} {_gib(result.role_peak(role))} GiB (plan {_gib(_plan_peak(result, role))})"
+        for role in roles
+    ]
+    head = f"per device, XLA: {', '.join(parts)} of {_gib(limit)}"
+    if result.fits:
+        return f"{head}: fits (XLA)"
+    role = max(roles, key=result.role_peak)
+    need = result.role_peak(role)
+    fixes = remedies(setup, role)
+    advice = (
+        f"; the plan proposes {' or '.join(fixes)} (compile it to confirm)"
+        if fixes
+        else "; no single setting the plan knows makes it fit: lower dataset.max_new_tokens "
+        "or dataset.prompts_per_step, or use a larger slice"
+    )
+    return (
+        f"{head}: does not fit (XLA): the {role} needs {_gib(need)} GiB per device, "
+        f"{_gib(need - limit)} more than the device's {_gib(limit)}{advice}"
+    )
+
+
+def describe_compiled(result: CompiledRun, setup: Setup) -> str:
+    """The whole report of one run."""
+    m = setup.model
+    head = (
+        f"compiled for {result.target} ({setup.hardware.devices} devices) with XLA for TPU: "
+        f"{m.name}, {_depth(result, m.num_layers)}; GiB per device, peak = footprint + state "
+        f"alive beside it; {result.compile_seconds:.0f} s of compiles"
+    )
+    return "\n".join([head, *_rows(result), verdict_line(result, setup)])
+
+
+def summarize_compiled(result: CompiledRun) -> str:
+    """One sweep job's line: the verdict and each role's GiB per device (XLA, plan)."""
+    verdict = "fits" if result.fits else "does not fit"
+    return (
+        f"{verdict} (XLA): trainer {_gib(result.role_peak('trainer'))} GiB "
+        f"(plan {_gib(result.plan.trainer_peak)}), engine {_gib(result.role_peak('engine'))} "
+        f"(plan {_gib(result.plan.engine_peak)}); {result.compile_seconds:.0f} s of compiles"
+    )
