@@ -40,6 +40,10 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         ]
     ).strip()
 
+# JAX's CPU backend alone, as `python run.py` uses on CPU (`compose.use_cpu_backend`): libtpu,
+# which the test extra installs for the XLA-TPU compiles, would otherwise be tried first.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 # What decides the device count of every in-process test; a test module must not change it when
 # it is imported (a worker script sets its own before jax starts: import its cases, not it).
 _DEVICE_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")

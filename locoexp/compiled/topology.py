@@ -76,6 +76,9 @@ def topology_devices(hardware: HardwareConfig) -> list[jax.Device]:
             f"dry_run=compile compiles for hardware.chip={hardware.chip.value} with XLA for TPU, "
             f"which needs libtpu: install it with {INSTALL} (no TPU needed)."
         )
+    # libtpu takes a machine-wide lock file when it loads, for the one process that owns the
+    # TPU; a compile owns none, so concurrent compiles (a sweep's, the test workers') may share
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # noqa: PLC0415
 
     try:

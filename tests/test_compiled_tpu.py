@@ -1,0 +1,143 @@
+"""XLA for TPU decides what fits (`dry_run=compile`, locoexp/compiled): a run's programs compile
+for a TPU slice's devices from libtpu's topology, on this CPU machine, and the verdict is XLA's.
+
+These compile for real with XLA-TPU (libtpu comes with the test extra); nothing is allocated
+on a TPU and nothing runs. The compile of a Qwen3-0.6B-shaped cell takes about a minute on two
+cores.
+"""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as PS
+
+from locoexp.compiled import topology
+from locoexp.compiled.programs import ProgramMemory
+from locoexp.compiled.verdict import at_depth, layer_cuts
+from locoexp.compose import compose_config
+from locoexp.errors import ConfigError
+from locoexp.model.attention import AttentionSpec, attend
+from locoexp.model.config import AttentionKind
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+GENERATIONS = ["tpu_v5e_4", "tpu_v6e_4", "tpu_v7x_4"]
+
+
+def run_py(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("preset", GENERATIONS)
+def test_the_splash_kernel_compiles_for_every_tpu_generation(preset):
+    """trainer.attention=splash as the FSDP step calls it (each device on its own rows) compiles
+    to a Mosaic kernel for v5e, v6e and v7x: compiled, not only lowered."""
+    hardware = compose_config([f"hardware={preset}"]).hardware
+    devices = topology.topology_devices(hardware)
+    mesh = Mesh(np.array(devices), ("fsdp",))
+    spec = AttentionSpec(kind=AttentionKind.splash, rows=NamedSharding(mesh, PS("fsdp")))
+    rows, tokens = len(devices), 1024
+    placed = NamedSharding(mesh, PS("fsdp"))
+    q = jax.ShapeDtypeStruct((rows, tokens, 8, 128), jnp.bfloat16, sharding=placed)
+    kv = jax.ShapeDtypeStruct((rows, tokens, 2, 128), jnp.bfloat16, sharding=placed)
+    seg = jax.ShapeDtypeStruct((rows, tokens), jnp.int32, sharding=placed)
+    loss = lambda q, k, v, s: attend(spec, q, k, v, s).astype(jnp.float32).sum()  # noqa: E731
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, seg)
+    assert lowered.as_text().count("tpu_custom_call") >= 2  # forward and backward kernels
+    compiled = lowered.compile()  # XLA-TPU's executable holds the Mosaic kernels
+    assert compiled.as_text().count("tpu_custom_call") >= 2
+
+
+def test_a_qwen3_0_6b_gsm8k_cell_compiles_for_tpu_v7x_8_and_fits():
+    """Qwen3-0.6B's layer shapes (vocabulary, width, heads; 2 of its 28 layers) on GSM8K's caps,
+    co on tpu_v7x_8: the FSDP train step with the splash kernel, the engine's prefill, decode
+    and compaction, and the publication compile for TPU, and the verdict is XLA's."""
+    result = run_py(
+        "model=qwen3_0_6b",
+        "model.num_layers=2",
+        "dataset=gsm8k",
+        "dataset.prompts_per_step=16",
+        "hardware=tpu_v7x_8",
+        "trainer.attention=splash",
+        "dry_run=compile",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "compiled for tpu7x:2x2x2 (16 devices) with XLA for TPU" in out, out
+    for program in ("train_step", "publish", "prefill", "decode", "compact"):
+        assert f" {program} " in out, out
+    assert "fits (XLA)" in out and "does not fit" not in out, out
+    assert "Failed to find host bounds" not in result.stderr  # libtpu's warnings kept off
+
+
+def test_sizes_are_read_at_the_models_depth_on_the_line_through_two_cuts():
+    """Each size at the model's layer count is on the line through the two compiled cuts."""
+    two = ProgramMemory("trainer", "train_step", 100.0, 10.0, 10.0, 1000.0, 1.0)
+    four = ProgramMemory("trainer", "train_step", 140.0, 10.0, 10.0, 1800.0, 2.0)
+    (full,) = at_depth([two], [four], (2, 4), 28)
+    assert (full.argument, full.temp, full.seconds) == (620.0, 11400.0, 3.0)
+    qwen = compose_config(["model=qwen3_0_6b"]).model
+    assert layer_cuts(qwen) == (2, 4)
+    assert layer_cuts(compose_config(["model=tiny_qwen"]).model) == (4,)  # compiled whole
+    assert layer_cuts(compose_config(["model=gemma4_31b"]).model)[0] % 6 == 0  # whole periods
+
+
+def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure():
+    """A train step XLA cannot fit on a v5e device (the paper's layout: every row at once)
+    gets XLA's verdict and the GiB it needs, beside the plan's proposal."""
+    result = run_py(
+        "model=tiny_qwen",
+        "dataset=gsm8k",
+        "dataset.prompts_per_step=64",
+        "trainer.accumulate=false",
+        "trainer.attention=splash",
+        "hardware=tpu_v5e_4",
+        "dry_run=compile",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    verdict = result.stdout.strip().splitlines()[-1]
+    assert "does not fit (XLA): the trainer needs" in verdict, result.stdout
+    assert "more than the device's 15.75" in verdict, verdict
+
+
+def test_compile_without_a_tpu_slice_or_libtpu_is_refused_in_one_sentence(monkeypatch):
+    result = run_py("dry_run=compile")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "choose a hardware=tpu_* preset" in result.stderr.strip().splitlines()[-1]
+    hardware = compose_config(["hardware=tpu_v7x_8"]).hardware
+    monkeypatch.setattr(topology, "libtpu_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r'pip install "jax\[tpu\]==0.10.2"'):
+        topology.topology_devices(hardware)
+
+
+def test_a_topology_that_contradicts_the_hosts_is_refused():
+    with pytest.raises(ConfigError, match="hardware.topology=2x2x1 has 4 chips"):
+        compose_config(["hardware=tpu_v7x_8", "hardware.topology=2x2x1"])
+
+
+def test_every_tpu_preset_names_a_topology_libtpu_knows():
+    """v5e, v5p, v6e and v7x from 4 to 256 chips: libtpu lays each out with the preset's
+    devices and devices per host."""
+    from locoexp.compose import group_options  # noqa: PLC0415
+
+    presets = [p for p in group_options("hardware") if p.startswith("tpu_")]
+    assert len(presets) == 28
+    for preset in presets:
+        hardware = compose_config(
+            [
+                f"hardware={preset}",
+                "dataset.prompts_per_step=256",
+                "dataset.synthetic.held_out_size=64",
+            ]
+        ).hardware
+        assert len(topology.topology_devices(hardware)) == hardware.devices, preset
