@@ -19,6 +19,7 @@ temporary bytes per device (`ProgramMemory`). It never runs a program.
 
 import dataclasses
 import math
+import re
 import time
 
 import jax
@@ -53,6 +54,10 @@ class ProgramMemory:
     seconds: float  # compile time
     flops: float = 0.0  # XLA's cost analysis, per device
     bytes_accessed: float = 0.0
+    # XLA-TPU's own refusal when the program cannot fit the device ("Ran out of memory on HBM,
+    # the total memory required for HLO temporaries (36.10G) exceeds available HBM (15.75G)");
+    # `temp` then holds the figure it names
+    refusal: str | None = None
 
     @property
     def footprint(self) -> float:
@@ -76,9 +81,27 @@ class RunShapes:
     plan: Plan
 
 
+_OUT_OF_MEMORY = re.compile(r"Ran out of memory[^(]*\(([\d.]+)([KMGT])\)")
+
+
+def _refused(role: str, name: str, error: Exception, seconds: float) -> ProgramMemory:
+    """XLA's out-of-memory refusal as a program whose temporaries are the figure it names."""
+    match = _OUT_OF_MEMORY.search(str(error))
+    if match is None:
+        raise error
+    value, unit = float(match.group(1)), match.group(2)
+    need = value * 1024 ** "KMGT".index(unit) * 1024
+    sentence = next(line for line in str(error).splitlines() if "Ran out of memory" in line)
+    return ProgramMemory(role, name, 0.0, 0.0, 0.0, need, seconds, refusal=sentence.strip())
+
+
 def _compiled(role: str, name: str, lower) -> ProgramMemory:
     begin = time.perf_counter()
-    compiled = lower().compile()
+    lowered = lower()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:  # XLA-TPU refuses what exceeds the device
+        return _refused(role, name, error, time.perf_counter() - begin)
     seconds = time.perf_counter() - begin
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}

@@ -26,6 +26,9 @@ def _plan_peak(result: CompiledRun, role: str) -> float:
 def _rows(result: CompiledRun) -> list[str]:
     rows = [_HEADER]
     for p in result.programs:
+        if p.refusal is not None:
+            rows.append(f"{p.role:<8} {p.name:<11} refused by XLA (out of memory): {p.refusal}")
+            continue
         rows.append(
             f"{p.role:<8} {p.name:<11} {_gib(p.argument):>9} {_gib(p.output):>8} "
             f"{_gib(p.alias):>7} {_gib(p.temp):>7} {_gib(result.peak(p)):>7} "
@@ -53,6 +56,11 @@ def verdict_line(result: CompiledRun, setup: Setup) -> str:
         return f"{head}: fits (XLA)"
     role = max(roles, key=result.role_peak)
     need = result.role_peak(role)
+    refused, note = result.refusals, ""
+    if refused:  # XLA-TPU's own words: the program cannot be laid out in the device's HBM
+        role, first = refused[0].role, refused[0]
+        need = result.peak(first)
+        note = f" (XLA refused {first.role} {first.name}: {first.refusal.rstrip('.')})"
     fixes = remedies(setup, role)
     advice = (
         f"; the plan proposes {' or '.join(fixes)} (compile it to confirm)"
@@ -62,7 +70,7 @@ def verdict_line(result: CompiledRun, setup: Setup) -> str:
     )
     return (
         f"{head}: does not fit (XLA): the {role} needs {_gib(need)} GiB per device, "
-        f"{_gib(need - limit)} more than the device's {_gib(limit)}{advice}"
+        f"{_gib(need - limit)} more than the device's {_gib(limit)}{note}{advice}"
     )
 
 

@@ -57,12 +57,18 @@ class CompiledRun:
             beside += self.trainer_state
         return program.footprint + beside
 
+    @property
+    def refusals(self) -> list[ProgramMemory]:
+        """Programs XLA refused to compile for running out of the device's memory."""
+        return [p for p in self.programs if p.refusal is not None]
+
     def role_peak(self, role: str) -> float:
         return max((self.peak(p) for p in self.programs if p.role == role), default=0.0)
 
     @property
     def fits(self) -> bool:
-        return all(self.role_peak(r) <= self.limit for r in ("trainer", "engine"))
+        roles_fit = all(self.role_peak(r) <= self.limit for r in ("trainer", "engine"))
+        return roles_fit and not self.refusals
 
     @property
     def compile_seconds(self) -> float:
@@ -86,7 +92,10 @@ def at_depth(cut: list[ProgramMemory], wider: list[ProgramMemory], cuts, layers:
             k: max(getattr(p, k) + (getattr(q, k) - getattr(p, k)) * (layers - a) / (b - a), 0.0)
             for k in _SIZES
         }
-        out.append(dataclasses.replace(p, **scaled, seconds=p.seconds + q.seconds))
+        # a cut XLA refused: the deeper model needs more (its temporaries are a lower bound)
+        refusal = q.refusal or p.refusal
+        seconds = p.seconds + q.seconds
+        out.append(dataclasses.replace(p, **scaled, seconds=seconds, refusal=refusal))
     return out
 
 
