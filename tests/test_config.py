@@ -23,7 +23,8 @@ OPTIONS = sorted(
 # Options that are only valid together with another choice (cross-group checks of Config).
 COMPANIONS = {
     ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.5"],  # da needs >= 2 hosts and a split
-    ("hardware", "tpu_v7x_256"): ["dataset=gsm8k"],  # 64 hosts need prompts_per_step % 64 == 0
+    # 64 hosts need prompts_per_step % 64 == 0
+    **{("hardware", f"tpu_{chip}_256"): ["dataset=gsm8k"] for chip in ("v5e", "v5p", "v6e", "v7x")},
 }
 
 

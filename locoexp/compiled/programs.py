@@ -35,7 +35,7 @@ from locoexp.placement.layout import Layout
 from locoexp.placement.multihost import replicator
 from locoexp.planner.plan import Plan
 from locoexp.rollout import decode, scheduling
-from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler
+from locoexp.rollout.config import EngineKind, RolloutConfig, SamplingParams, Scheduler
 from locoexp.rollout.engine import JaxEngine, wave_rows
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.trainer import Trainer, shard_like_fsdp, trainer_mesh
@@ -216,8 +216,16 @@ def compile_programs(shapes: RunShapes, devices: list, *, layers: int) -> list[P
     model = dataclasses.replace(shapes.model, num_layers=layers)
     trainer_devices, engine_devices = role_devices(shapes, devices)
     trainer = build_trainer(shapes, model, trainer_devices)
+    if not compiles_engine(shapes.rollout):
+        return trainer_programs(shapes, trainer)
     engine = build_engine(shapes, model, engine_devices)
     return trainer_programs(shapes, trainer) + engine_programs(shapes, engine)
+
+
+def compiles_engine(rollout: RolloutConfig) -> bool:
+    """The built-in engine's programs are locoexp's to compile; `rollout=vllm` runs vLLM's (or
+    tpu-inference's) own, which only that engine builds: its memory stays the plan's."""
+    return rollout.engine is EngineKind.jax
 
 
 def state_bytes(tree) -> int:
@@ -232,9 +240,12 @@ def state_bytes(tree) -> int:
 def resident_bytes(shapes: RunShapes, devices: list) -> tuple[int, int]:
     """(the trainer's state, an engine's weights) per device at the full model: what stays
     alive between programs (params, AdamW moments, frozen base, KL reference; the engine's
-    replica), from the same abstract state the programs compile with."""
+    replica), from the same abstract state the programs compile with (`rollout=vllm`: the
+    plan's weights)."""
     trainer_devices, engine_devices = role_devices(shapes, devices)
     trainer = build_trainer(shapes, shapes.model, trainer_devices)
-    engine = build_engine(shapes, shapes.model, engine_devices)
     state = (trainer.trainable, trainer.opt_state, trainer.frozen, trainer.reference)
+    if not compiles_engine(shapes.rollout):  # vLLM's weights: the plan's figure
+        return state_bytes(state), shapes.plan.engine.weights
+    engine = build_engine(shapes, shapes.model, engine_devices)
     return state_bytes(state), state_bytes(engine.params)

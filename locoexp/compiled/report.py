@@ -51,6 +51,10 @@ def verdict_line(result: CompiledRun, setup: Setup) -> str:
         f"{role} {_gib(result.role_peak(role))} GiB (plan {_gib(_plan_peak(result, role))})"
         for role in roles
     ]
+    if not result.engine_compiled:  # rollout=vllm: vLLM's programs, not compiled here
+        parts[1] = (
+            f"engine (rollout=vllm: the plan's, not compiled) {_gib(result.plan.engine_peak)}"
+        )
     head = f"per device, XLA: {', '.join(parts)} of {_gib(limit)}"
     if result.fits:
         return f"{head}: fits (XLA)"

@@ -62,7 +62,15 @@ class CompiledRun:
         """Programs XLA refused to compile for running out of the device's memory."""
         return [p for p in self.programs if p.refusal is not None]
 
+    @property
+    def engine_compiled(self) -> bool:
+        return any(p.role == "engine" for p in self.programs)
+
     def role_peak(self, role: str) -> float:
+        """The role's largest peak; an engine whose programs are not locoexp's (`rollout=vllm`)
+        peaks at the plan's figure."""
+        if role == "engine" and not self.engine_compiled:
+            return float(self.plan.engine_peak)
         return max((self.peak(p) for p in self.programs if p.role == role), default=0.0)
 
     @property

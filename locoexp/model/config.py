@@ -53,6 +53,11 @@ class ModelConfig:
     qk_norm: bool = True  # Qwen3: RMSNorm on each query/key head; Llama-3.1: false
     tie_embeddings: bool = True
     param_dtype: DType = DType.float32
+    # The trainer's activations and matmuls (MaxText's `dtype` beside its `weight_dtype`): null =
+    # param_dtype. MaxText keeps bfloat16 activations over float32 weights; the paper's
+    # single-controller arm trains so on NuminaMath and SWE (Sec. 6.1, Table E1). Dense
+    # qwen3-family blocks only; the engines compute in their own weights' dtype.
+    compute_dtype: DType | None = None
     init_std: float = 0.02
     # Mixture of experts (Qwen3-MoE's `Qwen3MoeSparseMoeBlock`); 0 experts = the dense MLP.
     num_experts: int = 0  # E
@@ -101,9 +106,20 @@ class ModelConfig:
         self._check_experts()
         self._check_gemma4()
         require(
+            self.compute_dtype in (None, self.param_dtype) or not (self.moe or self.gemma4),
+            f"model.compute_dtype={getattr(self.compute_dtype, 'value', None)} applies to dense "
+            f"qwen3-family models only ({self.name} is "
+            f"{'a mixture of experts' if self.moe else 'a Gemma4 model'}): leave it null.",
+        )
+        require(
             self.rope_scaling_factor >= 1.0,
             f"model.rope_scaling_factor={self.rope_scaling_factor} must be >= 1 (1 = no scaling).",
         )
+
+    @property
+    def activation_dtype(self) -> DType:
+        """The dtype activations and matmuls run in: `compute_dtype`, else `param_dtype`."""
+        return self.compute_dtype or self.param_dtype
 
     @property
     def moe(self) -> bool:

@@ -40,6 +40,10 @@ def _dtype(config: ModelConfig):
     return jnp.dtype(config.param_dtype.value)
 
 
+def _compute(config: ModelConfig):
+    return jnp.dtype(config.activation_dtype.value)
+
+
 class Linear(nnx.Linear):
     """`nnx.Linear` over [..., d_in] run as one 2-D matmul over every leading position. On a
     [B, T, d_in] input XLA differentiates the weight as a contraction over two dimensions and
@@ -53,13 +57,12 @@ class Linear(nnx.Linear):
 
 
 def linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs) -> Linear:
-    dtype = _dtype(config)
     return Linear(
         d_in,
         d_out,
         use_bias=False,
-        dtype=dtype,
-        param_dtype=dtype,
+        dtype=_compute(config),
+        param_dtype=_dtype(config),
         kernel_init=nnx.initializers.normal(config.init_std),
         rngs=rngs,
     )
@@ -75,7 +78,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: Array) -> Array:
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.scale[...] * x32.astype(x.dtype)
+        return self.scale[...].astype(x.dtype) * x32.astype(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> Array:
@@ -302,12 +305,11 @@ def proportional_frequencies(theta: float, head_dim: int, fraction: float) -> Ar
 
 
 def _embedding(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
-    dtype = _dtype(config)
     return nnx.Embed(
         config.vocab_size,
         config.hidden_dim,
-        dtype=dtype,
-        param_dtype=dtype,
+        dtype=_compute(config),
+        param_dtype=_dtype(config),
         embedding_init=nnx.initializers.normal(config.init_std),
         rngs=rngs,
     )

@@ -194,7 +194,7 @@ def _routed_per_token(
     if dense_groups:
         routed = k * (2 * d + i + c.num_experts // expert_parallel * (2 * i + d))
     group = expert_parallel if gathered else 1
-    return group * routed * BYTES[c.param_dtype] + 2 * c.num_experts * F32
+    return group * routed * BYTES[c.activation_dtype] + 2 * c.num_experts * F32
 
 
 def _float32_copies_per_token(c: ModelConfig) -> int:
@@ -203,7 +203,7 @@ def _float32_copies_per_token(c: ModelConfig) -> int:
     silu's sigmoid (F, at the param dtype). Read off XLA: tiny_qwen's blockwise train step
     grows by 124 KB per token, 78 KB of it in the terms above."""
     qk = (c.num_heads + c.num_kv_heads) * c.head_dim * (2 if c.qk_norm else 1)
-    return (2 * c.hidden_dim + qk) * F32 + c.mlp_dim * BYTES[c.param_dtype]
+    return (2 * c.hidden_dim + qk) * F32 + c.mlp_dim * BYTES[c.activation_dtype]
 
 
 def _matmul_outputs_per_token(c: ModelConfig) -> int:
@@ -218,12 +218,13 @@ def _attention_bytes_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     if shape.attention is AttentionKind.dense:  # [H, L] float32 copies and the [L] bool mask
         return DENSE_SCORE_COPIES * c.num_heads * shape.row_tokens * F32 + shape.row_tokens
     # the kernel's own copy of its output (blocked) and the log-sum-exp per head
-    return c.num_heads * c.head_dim * BYTES[c.param_dtype] + c.num_heads * F32
+    return c.num_heads * c.head_dim * BYTES[c.activation_dtype] + c.num_heads * F32
 
 
 def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
-    """Bytes per token the backward pass keeps from every block, by remat policy."""
-    a = BYTES[c.param_dtype]
+    """Bytes per token the backward pass keeps from every block, by remat policy (activations
+    at `model.compute_dtype`, else the param dtype)."""
+    a = BYTES[c.activation_dtype]
     match shape.remat:
         case RematPolicy.none:
             per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
@@ -243,7 +244,7 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     """Bytes per token of the one block that is recomputed and differentiated at a time."""
     if shape.remat is RematPolicy.none:
         return 0  # already counted in what every block keeps
-    a = BYTES[c.param_dtype]
+    a = BYTES[c.activation_dtype]
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
     recomputed += _float32_copies_per_token(c) + _routed_per_token(
         c, shape.expert_parallel, dense_groups=shape.float32_matmuls
@@ -290,11 +291,11 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
     # one shot: every loss slot's hidden state and gradient; micro-batches: the micro-batch's
     # dLoss/dhidden over its m x L positions (the head gathers its slots chunk by chunk)
     slots = tokens if micro else shape.loss_slots
-    head_states = (1 if micro else 2) * slots * c.hidden_dim * a
+    head_states = (1 if micro else 2) * slots * c.hidden_dim * BYTES[c.activation_dtype]
     chunk = min(shape.logit_chunk, max(slots, 1))
     offloaded = 0
     if shape.remat is RematPolicy.offload:
-        offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * a
+        offloaded = tokens * c.num_layers * _matmul_outputs_per_token(c) * BYTES[c.activation_dtype]
     return TrainerMemory(
         params=base + math.ceil(added / dt) * a,
         gradients=(1 if a == F32 else 3) * math.ceil(trained / dt) * F32 + shard

@@ -145,8 +145,10 @@ class JaxEngine:
         )
         self.config, self.eos_id, self.pad_id = config, eos_id, pad_id
         self.dtype = jnp.dtype((config.param_dtype or model.config.param_dtype).value)
-        self.model_config = dataclasses.replace(
-            model.config, param_dtype=config.param_dtype or model.config.param_dtype
+        self.model_config = dataclasses.replace(  # computes in its weights' dtype
+            model.config,
+            param_dtype=config.param_dtype or model.config.param_dtype,
+            compute_dtype=None,
         )
         self.graphdef, shapes = nnx.split(
             nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0))), nnx.Param

@@ -1,0 +1,125 @@
+"""Every cell of the paper's experiment files compiled for its TPU slice by XLA, as a table.
+
+    python tools/compile_paper_cells.py [experiment ...] [--cache cells.jsonl] > table.md
+
+Each cell (one job of `python run.py -m +experiment=<name>`, launches and seeds compile alike)
+is compiled as `dry_run=compile` compiles it (locoexp/compiled; libtpu, no TPU) and set beside
+what the paper says of it (`planner.paper.PAPER`: ran, did not fit, not run). A compile of a
+0.6B-class cell takes minutes on two cores, so the whole set takes hours: each finished cell
+is appended to the cache file (one JSON line) and skipped when the tool is run again, and cells
+whose programs are the same (arms that differ only by O1-O4 or the admission path) compile
+once. `--layout paper` (the default) compiles the paper's trainer, every packed row in one
+pass (`trainer.accumulate=false`), which is what the paper's verdicts are about. Columns:
+experiment, cell, the paper's verdict and where it says so, the plan's trainer /
+engine GiB per device, XLA-TPU's (an engine under `rollout=vllm` keeps the plan's: vLLM's
+programs are not locoexp's), XLA's verdict, compile seconds.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from locoexp.compiled.verdict import compile_run
+from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
+from locoexp.config import Config
+from locoexp.errors import ConfigError
+from locoexp.planner.estimate import GIB
+from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS, cell_of
+from locoexp.session.build import config_as_dict
+
+# Keys that change no compiled program: the step loop's levers, repeats, logging and schedule.
+SAME_PROGRAMS = ("opt", "launch", "seed", "steps", "logger", "dry_run", "eval_every_steps")
+
+
+def program_key(config: Config) -> str:
+    """Cells with equal keys compile the same programs."""
+    kept = {k: v for k, v in config_as_dict(config).items() if k not in SAME_PROGRAMS}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def compile_cell(config: Config) -> dict:
+    """The cell's figures from XLA-TPU (or its refusal, one sentence)."""
+    try:
+        result = compile_run(config)
+    except ConfigError as error:
+        return {"refused": str(error)}
+    plan = result.plan
+    return {
+        "plan": [plan.trainer_peak / GIB, plan.engine_peak / GIB],
+        "xla": [result.role_peak("trainer") / GIB, result.role_peak("engine") / GIB],
+        "engine_compiled": result.engine_compiled,
+        "fits": result.fits,
+        "xla_refusal": result.refusals[0].refusal if result.refusals else None,
+        "seconds": result.compile_seconds,
+        "programs": {f"{p.role}/{p.name}": [p.footprint / GIB, p.seconds] for p in result.programs},
+    }
+
+
+def row(experiment: str, cell: str, figures: dict) -> str:
+    paper = {(e, c): (v, where) for e, c, v, where in PAPER}.get((experiment, cell), ("-", ""))
+    if "refused" in figures:
+        return f"| {experiment} | {cell} | {paper[0]} ({paper[1]}) | - | - | refused: " + (
+            f"{figures['refused']} | - |"
+        )
+    plan, xla = figures["plan"], figures["xla"]
+    engine = f"{xla[1]:.1f}" if figures["engine_compiled"] else f"({plan[1]:.1f}, vLLM: plan)"
+    verdict = "fits" if figures["fits"] else "does not fit"
+    if figures.get("xla_refusal"):
+        verdict += " (XLA: out of memory)"
+    return (
+        f"| {experiment} | {cell} | {paper[0]} ({paper[1]}) | {plan[0]:.1f} / {plan[1]:.1f} | "
+        f"{xla[0]:.1f} / {engine} | {verdict} | {figures['seconds']:.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiments", nargs="*", default=PAPER_EXPERIMENTS)
+    parser.add_argument("--cache", type=Path, default=Path("compiled_paper_cells.jsonl"))
+    parser.add_argument("--cells", nargs="*", help="only these cells (their names as printed)")
+    parser.add_argument(
+        "--layout",
+        choices=("paper", "locoexp"),
+        default="paper",
+        help="paper: the paper's trainer (every packed row at once, trainer.accumulate=false), "
+        "what its verdicts are about; locoexp: the plan's micro-batches",
+    )
+    args = parser.parse_args()
+    extra = ["trainer.accumulate=false"] if args.layout == "paper" else []
+    use_cpu_backend()
+    done = {}
+    if args.cache.exists():
+        for line in args.cache.read_text().splitlines():
+            entry = json.loads(line)
+            done[(entry["experiment"], entry["cell"], entry["layout"])] = entry
+    by_programs = {entry["key"]: entry["figures"] for entry in done.values()}
+    print(
+        "| experiment | cell | paper | plan GiB trainer / engine | XLA-TPU GiB trainer / engine "
+        "| XLA's verdict | compile s |"
+    )
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for experiment in args.experiments:
+        jobs = sweep_jobs(["-m", f"+experiment={experiment}", *extra])
+        seen = set()
+        for job, config in zip(jobs, compose_configs(jobs), strict=True):
+            cell = cell_of([o for o in job if o not in extra])
+            if cell in seen or (args.cells and cell not in args.cells):
+                continue
+            seen.add(cell)
+            if (experiment, cell, args.layout) not in done:
+                key = program_key(config)
+                figures = by_programs.get(key) or compile_cell(config)
+                by_programs[key] = figures
+                entry = {"experiment": experiment, "cell": cell, "layout": args.layout}
+                entry |= {"key": key, "figures": figures}
+                done[(experiment, cell, args.layout)] = entry
+                with args.cache.open("a") as cache:
+                    cache.write(json.dumps(entry) + "\n")
+            print(
+                row(experiment, cell, done[(experiment, cell, args.layout)]["figures"]), flush=True
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
