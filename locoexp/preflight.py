@@ -109,12 +109,15 @@ def plan(config: Config) -> str:
     return describe_plan(plan_setup(config), hosts_note=note)
 
 
-def compiled(config: Config) -> str:
-    """The `dry_run=compile` report: every program compiled for the run's slice by XLA."""
+def compiled(config: Config, job: list[str] | None = None) -> str:
+    """The `dry_run=compile` report: every program compiled for the run's slice by XLA; a run
+    that does not fit (given its command line `job`) also compiles the plan's proposals."""
     from locoexp.compiled.report import describe_compiled  # noqa: PLC0415
-    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
+    from locoexp.compiled.verdict import compile_run, confirm_proposals  # noqa: PLC0415
 
-    return describe_compiled(compile_run(config), plan_setup(config))
+    result = compile_run(config)
+    confirmed = None if result.fits or job is None else confirm_proposals(job, result)
+    return describe_compiled(result, plan_setup(config), confirmed)
 
 
 def _summary(config: Config) -> str:
@@ -140,7 +143,8 @@ def dry_run_report(jobs: list[tuple[list[str], Config]], *, echo=None) -> str:
             if sweep
             else ""
         )
-        return (compiled(config) if config.dry_run is DryRun.compile else plan(config)) + note
+        report = compiled(config, job) if config.dry_run is DryRun.compile else plan(config)
+        return report + note
     shared = set.intersection(*(set(job) for job, _ in jobs))
     lines = [f"{len(jobs)} jobs ({' '.join(jobs[0][0])}, ...):"]
     if echo is not None:

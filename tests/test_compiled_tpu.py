@@ -141,3 +141,12 @@ def test_every_tpu_preset_names_a_topology_libtpu_knows():
             ]
         ).hardware
         assert len(topology.topology_devices(hardware)) == hardware.devices, preset
+
+
+@pytest.mark.parametrize("chip", ["v5e", "v5p", "v6e", "v7x"])
+def test_each_presets_memory_is_what_xla_tpu_lays_programs_out_in(chip):
+    """memory_per_device_gib of every preset of a chip is the HBM XLA-TPU reports available on
+    its devices (v7x: the paper's 94.7 GiB, XLA's 94.75)."""
+    hardware = compose_config([f"hardware=tpu_{chip}_4"]).hardware
+    available = topology.available_hbm_gib(topology.topology_devices(hardware)[0])
+    assert hardware.memory_per_device_gib == pytest.approx(available, abs=0.06)

@@ -1,7 +1,7 @@
 """The `dry_run=compile` report: XLA's bytes per program and role beside the plan's, the verdict.
 
-It formats and, for a run that does not fit, asks the planner for settings to try (the plan's
-proposal, named as such: only a compile of that setting confirms it). It never compiles.
+It formats; for a run that does not fit it names the plan's proposals, and which of them XLA
+fits where they were compiled (`verdict.confirm_proposals`). It never compiles.
 """
 
 from locoexp.compiled.verdict import CompiledRun
@@ -44,8 +44,9 @@ def _depth(result: CompiledRun, layers: int) -> str:
     return f"compiled at {cuts[0]} and {cuts[1]} layers, sizes read at {layers} on their line"
 
 
-def verdict_line(result: CompiledRun, setup: Setup) -> str:
-    """Each role's peak per device (XLA, and the plan's), and the verdict from XLA."""
+def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:
+    """Each role's peak per device (XLA, and the plan's), and the verdict from XLA; with
+    `confirmed` (`verdict.confirm_proposals`), which of the plan's proposals XLA fits."""
     limit, roles = result.limit, ("trainer", "engine")
     parts = [
         f"{role} {_gib(result.role_peak(role))} GiB (plan {_gib(_plan_peak(result, role))})"
@@ -72,13 +73,21 @@ def verdict_line(result: CompiledRun, setup: Setup) -> str:
         else "; no single setting the plan knows makes it fit: lower dataset.max_new_tokens "
         "or dataset.prompts_per_step, or use a larger slice"
     )
+    if confirmed is not None:
+        (fit, tried) = confirmed
+        if fit is not None:
+            label, other = fit
+            peaks = ", ".join(f"{r} {_gib(other.role_peak(r))}" for r in roles)
+            advice = f"; it fits with {label} (compiled: {peaks} GiB per device, fits (XLA))"
+        elif tried:
+            advice = f"; the plan's proposals {' and '.join(tried)} do not fit either (compiled)"
     return (
         f"{head}: does not fit (XLA): the {role} needs {_gib(need)} GiB per device, "
         f"{_gib(need - limit)} more than the device's {_gib(limit)}{note}{advice}"
     )
 
 
-def describe_compiled(result: CompiledRun, setup: Setup) -> str:
+def describe_compiled(result: CompiledRun, setup: Setup, confirmed=None) -> str:
     """The whole report of one run."""
     m = setup.model
     head = (
@@ -86,7 +95,7 @@ def describe_compiled(result: CompiledRun, setup: Setup) -> str:
         f"{m.name}, {_depth(result, m.num_layers)}; GiB per device, peak = footprint + state "
         f"alive beside it; {result.compile_seconds:.0f} s of compiles"
     )
-    return "\n".join([head, *_rows(result), verdict_line(result, setup)])
+    return "\n".join([head, *_rows(result), verdict_line(result, setup, confirmed)])
 
 
 def summarize_compiled(result: CompiledRun) -> str:

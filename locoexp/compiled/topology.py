@@ -13,6 +13,7 @@ only if loading the topology fails. It owns the topology only: it never compiles
 
 import contextlib
 import os
+import re
 import tempfile
 
 import jax
@@ -98,3 +99,28 @@ def topology_devices(hardware: HardwareConfig) -> list[jax.Device]:
             "(hardware.hosts, chips_per_host, devices_per_chip); choose a hardware=tpu_* preset."
         )
     return devices
+
+
+_AVAILABLE = re.compile(r"exceeds available HBM \(([\d.]+)G\)")
+
+
+def available_hbm_gib(device: jax.Device) -> float:
+    """The memory XLA-TPU lays a program out in on `device`, in GiB: a topology's devices
+    report no memory statistics, so it is read from XLA's refusal of a program of 312 GiB of
+    temporaries (a one-second compile). v5e 15.75, v6e 31.25, v5p 95.74, v7x 94.75 (libtpu
+    0.0.42); the presets' `memory_per_device_gib` are these (v7x: the paper's 94.7)."""
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+    one = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+    x = jax.ShapeDtypeStruct((1 << 20,), jnp.float32, sharding=one)
+    huge = jax.jit(lambda x: jnp.cumsum(jnp.tile(x, 40_000).reshape(40_000, -1), axis=1)[:, ::1024])
+    try:
+        huge.lower(x).compile()
+    except jax.errors.JaxRuntimeError as error:
+        match = _AVAILABLE.search(str(error))
+        if match:
+            return float(match.group(1))
+        raise
+    raise RuntimeError(f"XLA fit 312 GiB of temporaries on {device.device_kind}")

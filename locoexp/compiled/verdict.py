@@ -22,6 +22,7 @@ import dataclasses
 from locoexp.compiled.programs import ProgramMemory, RunShapes, compile_programs, resident_bytes
 from locoexp.compiled.topology import topology_devices
 from locoexp.config import Config
+from locoexp.errors import ConfigError
 from locoexp.model.config import ModelConfig
 from locoexp.planner import check_tensor_parallel, resolve_plan, resolved_micro_batch_rows
 from locoexp.planner.estimate import GIB
@@ -153,3 +154,27 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
         plan=shapes.plan,
         target=target,
     )
+
+
+def _overrides(label: str) -> list[str]:
+    """A plan proposal's overrides ("trainer.micro_batch_rows=4 (or 0, the most that fit)")."""
+    return label.split(" (", 1)[0].split()
+
+
+def confirm_proposals(job: list[str], result: CompiledRun, *, tries: int = 2):
+    """The plan's proposals for the role XLA found too large, compiled in turn (at most
+    `tries`): (the first that XLA fits and its result, or None; the proposals tried)."""
+    from locoexp.compose import compose_config  # noqa: PLC0415
+    from locoexp.planner.fit import remedies  # noqa: PLC0415
+
+    config = compose_config(job)
+    roles = [p.role for p in result.refusals] or [max(("trainer", "engine"), key=result.role_peak)]
+    proposals = remedies(plan_setup(config), roles[0])[:tries]
+    for label in proposals:
+        try:
+            tried = compile_run(compose_config([*job, *_overrides(label)]))
+        except ConfigError:
+            continue
+        if tried.fits:
+            return (label, tried), proposals
+    return None, proposals
