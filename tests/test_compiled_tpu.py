@@ -92,15 +92,15 @@ def test_sizes_are_read_at_the_models_depth_on_the_line_through_two_cuts():
     assert layer_cuts(compose_config(["model=gemma4_31b"]).model)[0] % 6 == 0  # whole periods
 
 
-def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure():
-    """A train step XLA cannot fit on a v5e device (the paper's layout: every row at once)
-    gets XLA's verdict and the GiB it needs, beside the plan's proposal."""
+def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that_fits():
+    """A train step XLA-TPU cannot lay out on a v5e device (the paper's layout: every packed row
+    at once) gets XLA's own refusal and figure; the plan's proposal (accumulate gradients over
+    micro-batches) is compiled and named as the setting that fits."""
     result = run_py(
-        "model=tiny_qwen",
+        "model=tiny",
         "dataset=gsm8k",
-        "dataset.prompts_per_step=64",
+        "dataset.prompts_per_step=1024",
         "trainer.accumulate=false",
-        "trainer.attention=splash",
         "hardware=tpu_v5e_4",
         "dry_run=compile",
     )
@@ -108,6 +108,8 @@ def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure():
     verdict = result.stdout.strip().splitlines()[-1]
     assert "does not fit (XLA): the trainer needs" in verdict, result.stdout
     assert "more than the device's 15.75" in verdict, verdict
+    assert "exceeds available HBM (15.75G)" in verdict, verdict  # XLA's own sentence
+    assert "it fits with trainer.accumulate=true (compiled:" in verdict, verdict
 
 
 def test_compile_without_a_tpu_slice_or_libtpu_is_refused_in_one_sentence(monkeypatch):
