@@ -38,7 +38,7 @@ from locoexp.rollout import decode, scheduling
 from locoexp.rollout.config import EngineKind, RolloutConfig, SamplingParams, Scheduler
 from locoexp.rollout.engine import JaxEngine, wave_rows
 from locoexp.trainer.config import TrainerConfig
-from locoexp.trainer.trainer import Trainer, shard_like_fsdp, trainer_mesh
+from locoexp.trainer.trainer import Trainer, trainer_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,21 +157,13 @@ def trainer_programs(shapes: RunShapes, trainer: Trainer) -> list[ProgramMemory]
     out = [_compiled("trainer", "train_step", lambda: trainer.lower_step(batch))]
     dtype = jnp.dtype((shapes.rollout.param_dtype or shapes.model.param_dtype).value)
     if shapes.adapter.trains_adapters:
-        merge = lambda: trainer._merge.lower(trainer.trainable, trainer.frozen)  # noqa: E731
-        out.append(_compiled("trainer", "lora_merge", merge))
-        policy = jax.eval_shape(trainer._merge, trainer.trainable, trainer.frozen)
-        policy = _placed_like(policy, shard_like_fsdp(trainer.mesh, policy))
+        out.append(_compiled("trainer", "lora_merge", trainer.lower_merge))
+        policy = trainer.policy_shapes
     else:
         policy = trainer.trainable
     publish = lambda: replicator(trainer.mesh, dtype).lower(policy)  # noqa: E731
     out.append(_compiled("trainer", "publish", publish))
     return out
-
-
-def _placed_like(tree, shardings):
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
 
 
 def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
@@ -187,7 +179,8 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
         chunk=min(shapes.rollout.prefill_chunk_tokens, e.prompt_tokens),
         sampling=shapes.sampling,
     )
-    slots, replicated = engine._slots, engine._slots.replicated
+    slots = engine.slot_programs
+    replicated = slots.replicated
     placed = decode.Requests(
         prompts=jax.ShapeDtypeStruct((requests, e.prompt_tokens), jnp.int32, sharding=replicated),
         prompt_lens=jax.ShapeDtypeStruct((requests,), jnp.int32, sharding=replicated),

@@ -182,6 +182,11 @@ class JaxEngine:
         return self.mesh.devices.size
 
     @property
+    def slot_programs(self) -> scheduling.SlotPrograms:
+        """The engine's programs by shape (the compile path lowers them abstractly)."""
+        return self._slots
+
+    @property
     def replicas(self) -> int:
         """Data-parallel replicas: the engine's devices / rollout.tensor_parallel."""
         return self.mesh.shape[sharding.DATA]

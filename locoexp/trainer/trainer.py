@@ -305,6 +305,15 @@ class Trainer:
         return self._merge(self.trainable, self.frozen)
 
     @property
+    def policy_shapes(self):
+        """The plain policy's parameters as placed ShapeDtypeStructs: what `params` returns."""
+        return _abstractly(self._plain_shapes, shard_like_fsdp(self.mesh, self._plain_shapes))
+
+    def lower_merge(self) -> jax.stages.Lowered:
+        """The merge of the adapters into the policy (`params` under adapter=lora), lowered."""
+        return self._merge.lower(self.trainable, self.frozen)
+
+    @property
     def devices(self) -> int:
         return self.mesh.devices.size
 
