@@ -17,6 +17,7 @@ programs are not locoexp's), XLA's verdict, compile seconds.
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -73,6 +74,31 @@ def row(experiment: str, cell: str, figures: dict) -> str:
     )
 
 
+def summary(rows: list[tuple[str, str, dict]]) -> list[str]:
+    """The count the paper's verdicts hold by XLA, and plan / XLA per role (median, worst)."""
+    paper = {(e, c): v for e, c, v, _ in PAPER}
+    agree, judged, ratios = 0, 0, {"trainer": [], "engine": []}
+    for experiment, cell, figures in rows:
+        if "refused" in figures:
+            continue
+        said = paper.get((experiment, cell))
+        if said in ("ran", "did not fit"):
+            judged += 1
+            agree += figures["fits"] == (said == "ran")
+        ratios["trainer"].append(figures["plan"][0] / figures["xla"][0])
+        if figures["engine_compiled"]:
+            ratios["engine"].append(figures["plan"][1] / figures["xla"][1])
+    lines = [f"XLA-TPU agrees with the paper's ran / did not fit on {agree} of {judged} cells"]
+    for role, values in ratios.items():
+        if values:
+            worst = max(values, key=lambda r: abs(r - 1))
+            lines.append(
+                f"plan / XLA-TPU, {role} peak: median {statistics.median(values):.2f}, worst "
+                f"{worst:.2f} over {len(values)} cells"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiments", nargs="*", default=PAPER_EXPERIMENTS)
@@ -99,6 +125,7 @@ def main() -> None:
         "| XLA's verdict | compile s |"
     )
     print("|---|---|---|---|---|---|---|", flush=True)
+    printed = []
     for experiment in args.experiments:
         jobs = sweep_jobs(["-m", f"+experiment={experiment}", *extra])
         seen = set()
@@ -116,9 +143,11 @@ def main() -> None:
                 done[(experiment, cell, args.layout)] = entry
                 with args.cache.open("a") as cache:
                     cache.write(json.dumps(entry) + "\n")
-            print(
-                row(experiment, cell, done[(experiment, cell, args.layout)]["figures"]), flush=True
-            )
+            figures = done[(experiment, cell, args.layout)]["figures"]
+            printed.append((experiment, cell, figures))
+            print(row(experiment, cell, figures), flush=True)
+    print()
+    print("\n".join(summary(printed)))
 
 
 if __name__ == "__main__":
