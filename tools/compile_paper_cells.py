@@ -130,7 +130,7 @@ def main() -> None:
         jobs = sweep_jobs(["-m", f"+experiment={experiment}", *extra])
         seen = set()
         for job, config in zip(jobs, compose_configs(jobs), strict=True):
-            cell = cell_of([o for o in job if o not in extra])
+            cell = cell_of([o for o in job if not o.startswith("trainer.accumulate=")])
             if cell in seen or (args.cells and cell not in args.cells):
                 continue
             seen.add(cell)
