@@ -250,7 +250,7 @@ def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
                 raise ConfigError(named) from error
         if not config.dry_run:
             try:
-                check_run(config, run_dir=run_dir)
+                check_run(config, run_dir=run_dir, job=job)
             except ConfigError as error:
                 named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
                 raise ConfigError(named) from error

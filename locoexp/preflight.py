@@ -6,7 +6,9 @@ behind. The config's own invariants
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
 the typed `Config` is built; this module adds what needs the machine, cheapest first:
 
-- memory fit, TP vs heads and placement (`session.build.build_spec`, which `main.run` repeats);
+- memory fit, TP vs heads and placement: the plan, and XLA's compile where the plan could be
+  wrong (`compiled.startup.check_memory`; `session.build.build_spec`, which `main.run`
+  repeats, follows XLA's verdict);
 - the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
   its platform settings;
 - the W&B logger: online needs local credentials and a server that answers within 2 s, unless
@@ -46,6 +48,7 @@ from locoexp.checkpoint.state import (
     resume_step,
     saved_progress,
 )
+from locoexp.compiled.startup import check_memory
 from locoexp.compose import experiment_sweep
 from locoexp.config import Config, DryRun
 from locoexp.dataset.build import needed_columns
@@ -67,9 +70,11 @@ from locoexp.session.build import build_spec, plan_setup
 from locoexp.session.spec import SurvivalSpec
 
 
-def check_run(config: Config, *, run_dir: Path | None = None) -> None:
+def check_run(config: Config, *, run_dir: Path | None = None, job: list[str] | None = None) -> None:
     """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine;
-    `run_dir`: where Hydra will write the run (None: not checked)."""
+    `run_dir`: where Hydra will write the run (None: not checked); `job`: its command line (a
+    refusal from XLA's compile then compiles the plan's proposals)."""
+    check_memory(config, job)
     spec = build_spec(config)
     if run_dir is not None:
         check_run_directory(run_dir, spec.survival)

@@ -45,8 +45,9 @@ def _depth(result: CompiledRun, layers: int) -> str:
 
 
 def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:
-    """Each role's peak per device (XLA, and the plan's), and the verdict from XLA; with
-    `confirmed` (`verdict.confirm_proposals`), which of the plan's proposals XLA fits."""
+    """Each role's peak per device (XLA, and the plan's), or on a shared CPU machine all local
+    processes together, and the verdict from XLA; with `confirmed`
+    (`verdict.confirm_proposals`), which of the plan's proposals XLA fits."""
     limit, roles = result.limit, ("trainer", "engine")
     parts = [
         f"{role} {_gib(result.role_peak(role))} GiB (plan {_gib(_plan_peak(result, role))})"
@@ -57,15 +58,35 @@ def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:
             f"engine (rollout=vllm: the plan's, not compiled) {_gib(result.plan.engine_peak)}"
         )
     head = f"per device, XLA: {', '.join(parts)} of {_gib(limit)}"
+    if result.shared:
+        processes = setup.layout.local_processes
+        head = (
+            f"{head}; this machine, XLA: {_gib(result.machine_total)} GiB for all {processes} "
+            f"local processes together (plan {_gib(result.plan.machine_total)})"
+        )
     if result.fits:
         return f"{head}: fits (XLA)"
     role = max(roles, key=result.role_peak)
     need = result.role_peak(role)
     refused, note = result.refusals, ""
-    if refused:  # XLA-TPU's own words: the program cannot be laid out in the device's HBM
+    if refused:  # XLA's own words: the program cannot be laid out in the device's memory
         role, first = refused[0].role, refused[0]
         need = result.peak(first)
         note = f" (XLA refused {first.role} {first.name}: {first.refusal.rstrip('.')})"
+    shortfall = f"the {role} needs {_gib(need)} GiB per device"
+    if result.shared and not refused:
+        role, need = "machine", result.machine_total
+        shortfall = f"the local processes need {_gib(need)} GiB together"
+        where = "the machine's usable"
+    else:
+        where = "the device's"
+    return (
+        f"{head}: does not fit (XLA): {shortfall}, {_gib(need - limit)} more than {where} "
+        f"{_gib(limit)}{note}{_advice(setup, role, roles, confirmed)}"
+    )
+
+
+def _advice(setup: Setup, role: str, roles, confirmed) -> str:
     fixes = remedies(setup, role)
     advice = (
         f"; the plan proposes {' or '.join(fixes)} (compile it to confirm)"
@@ -78,20 +99,22 @@ def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:
         if fit is not None:
             label, other = fit
             peaks = ", ".join(f"{r} {_gib(other.role_peak(r))}" for r in roles)
-            advice = f"; it fits with {label} (compiled: {peaks} GiB per device, fits (XLA))"
+            if other.shared:
+                peaks = f"{_gib(other.machine_total)} GiB together"
+            else:
+                peaks += " GiB per device"
+            advice = f"; it fits with {label} (compiled: {peaks}, fits (XLA))"
         elif tried:
             advice = f"; the plan's proposals {' and '.join(tried)} do not fit either (compiled)"
-    return (
-        f"{head}: does not fit (XLA): the {role} needs {_gib(need)} GiB per device, "
-        f"{_gib(need - limit)} more than the device's {_gib(limit)}{note}{advice}"
-    )
+    return advice
 
 
 def describe_compiled(result: CompiledRun, setup: Setup, confirmed=None) -> str:
     """The whole report of one run."""
     m = setup.model
+    xla = "XLA for CPU" if result.target == "cpu" else "XLA for TPU"
     head = (
-        f"compiled for {result.target} ({setup.hardware.devices} devices) with XLA for TPU: "
+        f"compiled for {result.target} ({setup.hardware.devices} devices) with {xla}: "
         f"{m.name}, {_depth(result, m.num_layers)}; GiB per device, peak = footprint + state "
         f"alive beside it; {result.compile_seconds:.0f} s of compiles"
     )

@@ -25,9 +25,8 @@ from locoexp.config import Config
 from locoexp.errors import ConfigError
 from locoexp.model.config import ModelConfig
 from locoexp.planner import check_tensor_parallel, resolve_plan, resolved_micro_batch_rows
-from locoexp.planner.estimate import GIB
 from locoexp.planner.fit import check_expert_parallel
-from locoexp.planner.plan import Plan
+from locoexp.planner.plan import Plan, capacity_bytes, machine_total, shared_memory
 from locoexp.session.build import build_settings, plan_setup
 
 _SIZES = ("argument", "output", "alias", "temp", "flops", "bytes_accessed")
@@ -43,8 +42,11 @@ class CompiledRun:
     engine_weights: int
     colocated: bool
     keeps_engine_weights: bool  # colocated and not rollout.release_weights_during_training
-    limit: int  # bytes per device
+    limit: int  # bytes per device, or (shared) the machine's usable bytes
     plan: Plan
+    # hardware=cpu: every local process's devices at their role's XLA peak, the processes'
+    # runtime and Ray's object store, summed (`planner.plan.machine_total`); 0 on a slice
+    machine_total: int = 0
     target: str  # libtpu's topology name, or the backend's
 
     def peak(self, program: ProgramMemory) -> float:
@@ -75,7 +77,14 @@ class CompiledRun:
         return max((self.peak(p) for p in self.programs if p.role == role), default=0.0)
 
     @property
+    def shared(self) -> bool:
+        """hardware=cpu: the local processes share the machine's memory."""
+        return self.machine_total > 0
+
+    @property
     def fits(self) -> bool:
+        if self.shared:
+            return self.machine_total <= self.limit and not self.refusals
         roles_fit = all(self.role_peak(r) <= self.limit for r in ("trainer", "engine"))
         return roles_fit and not self.refusals
 
@@ -143,17 +152,22 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
     programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
     trainer_state, engine_weights = resident_bytes(shapes, devices)
     r = shapes.layout
-    return CompiledRun(
+    run = CompiledRun(
         programs=programs,
         layer_cuts=cuts,
         trainer_state=trainer_state,
         engine_weights=engine_weights,
         colocated=r.colocated,
         keeps_engine_weights=r.colocated and not config.rollout.release_weights_during_training,
-        limit=int(config.hardware.memory_per_device_gib * GIB),
+        limit=capacity_bytes(config.hardware),
         plan=shapes.plan,
         target=target,
     )
+    if not shared_memory(config.hardware):
+        return run
+    peaks = (int(run.role_peak("trainer")), int(run.role_peak("engine")))
+    total = machine_total(plan_setup(config), *peaks, shapes.plan.publication)
+    return dataclasses.replace(run, machine_total=total)
 
 
 def _overrides(label: str) -> list[str]:
@@ -161,18 +175,21 @@ def _overrides(label: str) -> list[str]:
     return label.split(" (", 1)[0].split()
 
 
-def confirm_proposals(job: list[str], result: CompiledRun, *, tries: int = 2):
+def confirm_proposals(job: list[str], result: CompiledRun, *, tries: int = 2, compile_job=None):
     """The plan's proposals for the role XLA found too large, compiled in turn (at most
-    `tries`): (the first that XLA fits and its result, or None; the proposals tried)."""
+    `tries`, by `compile_job`, default `compile_run`): (the first that XLA fits and its
+    result, or None; the proposals tried)."""
     from locoexp.compose import compose_config  # noqa: PLC0415
     from locoexp.planner.fit import remedies  # noqa: PLC0415
 
     config = compose_config(job)
     roles = [p.role for p in result.refusals] or [max(("trainer", "engine"), key=result.role_peak)]
+    if result.shared and not result.refusals:  # the local processes together
+        roles = ["machine"]
     proposals = remedies(plan_setup(config), roles[0])[:tries]
     for label in proposals:
         try:
-            tried = compile_run(compose_config([*job, *_overrides(label)]))
+            tried = (compile_job or compile_run)(compose_config([*job, *_overrides(label)]))
         except ConfigError:
             continue
         if tried.fits:

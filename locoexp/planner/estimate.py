@@ -113,6 +113,10 @@ class TrainerShape:
     # of those, the base weights PEFT's `modules_to_save` names (trained in full, no copy: they
     # move from the frozen base to what trains, so they add no parameter memory)
     adapter_saved_parameters: int = 0
+    # adapter=lora: rank x the adapted projections of one block, the elements per token of the
+    # low-rank activations x A every block keeps for the backward pass (PEFT's dropout-free
+    # path: one [tokens, r] per projection), which grow with `adapter.rank`
+    adapter_rank_per_block: int = 0
     float32_matmuls: bool = False  # bfloat16 matmuls computed in float32 (XLA on CPU)
     # The backend merges remat's recomputation back into the forward pass, so every policy
     # keeps what `none` keeps (XLA on CPU: its OptimizationBarrierExpander runs before common-
@@ -225,9 +229,11 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     """Bytes per token the backward pass keeps from every block, by remat policy (activations
     at `model.compute_dtype`, else the param dtype)."""
     a = BYTES[c.activation_dtype]
+    low_rank = shape.adapter_rank_per_block * a
     match shape.remat:
         case RematPolicy.none:
             per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
+            per_block += low_rank
             per_block += _float32_copies_per_token(c) + _routed_per_token(
                 c, shape.expert_parallel, dense_groups=shape.float32_matmuls
             )
@@ -235,6 +241,7 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
             per_block = c.hidden_dim * a
         case RematPolicy.save_matmuls:  # XLA keeps the float32 copies too (measured)
             per_block = _matmul_outputs_per_token(c) * a + _float32_copies_per_token(c)
+            per_block += low_rank
         case RematPolicy.offload:
             return 0  # save_matmuls' outputs, in host memory; brought back block by block
     return c.num_layers * per_block + 2 * c.hidden_dim * a  # + the final norm's input, output
@@ -249,6 +256,7 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
     recomputed += _float32_copies_per_token(c) + _routed_per_token(
         c, shape.expert_parallel, dense_groups=shape.float32_matmuls
     )
+    recomputed += shape.adapter_rank_per_block * a
     if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
         recomputed += _matmul_outputs_per_token(c) * a
     return recomputed

@@ -288,13 +288,14 @@ def _fewest_hosts(setup: Setup) -> tuple[str, Setup] | None:
     return label, dataclasses.replace(setup, layout=layout, hardware=hardware)
 
 
-def check_fit(setup: Setup) -> Plan:
-    """The resolved plan; refuses a TP or EP degree or a role that does not fit, naming a fix."""
+def check_fit(setup: Setup, *, memory: bool = True) -> Plan:
+    """The resolved plan; refuses a TP or EP degree, and (`memory`) a role that does not fit,
+    naming a fix. `memory=False`: XLA's compile judges the fit (`compiled/startup.py`)."""
     check_tensor_parallel(setup)
     check_expert_parallel(setup)
     plan = resolve_plan(setup)
     trainer_ok, engine_ok = fits(plan, setup.hardware)
-    if trainer_ok and engine_ok:
+    if (trainer_ok and engine_ok) or not memory:
         return plan
     role = "machine" if shared_memory(setup.hardware) else "trainer" if not trainer_ok else "engine"
     fixes = remedies(setup, role)

@@ -94,6 +94,7 @@ def _trainer_shape(
     xla_cpu: bool,
     adapter_parameters: int = 0,
     adapter_saved_parameters: int = 0,
+    adapter_rank_per_block: int = 0,
     expert_parallel: int = 1,
 ) -> TrainerShape:
     """At the caps a row holds floor(L / (P + R)) sequences (packing cannot do better in the
@@ -119,6 +120,7 @@ def _trainer_shape(
         kl_reference=kl,
         adapter_parameters=adapter_parameters,
         adapter_saved_parameters=adapter_saved_parameters,
+        adapter_rank_per_block=adapter_rank_per_block,
         float32_matmuls=xla_cpu,
         remat_erased=xla_cpu,
         expert_parallel=expert_parallel,
@@ -213,6 +215,9 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         xla_cpu=cpu,
         adapter_parameters=setup.adapter.count_parameters(m),
         adapter_saved_parameters=setup.adapter.count_saved(m),
+        adapter_rank_per_block=setup.adapter.rank * len(setup.adapter.targets)
+        if setup.adapter.trains_adapters
+        else 0,
         expert_parallel=setup.trainer.expert_parallel,
     )
     eshape = _engine_shape(
@@ -250,11 +255,11 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         requests_per_engine=setup.requests_per_engine,
         capacity=capacity,
         waves=-(-setup.requests_per_engine // capacity),
-        machine_total=_machine_total(setup, trainer_peak, engine_peak, publication),
+        machine_total=machine_total(setup, trainer_peak, engine_peak, publication),
     )
 
 
-def _machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication: int) -> int:
+def machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication: int) -> int:
     """hardware=cpu: every local device's peak, every process's runtime and, under da, the
     published versions in Ray's object store, summed."""
     if not shared_memory(setup.hardware):

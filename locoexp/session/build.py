@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from locoexp.checkpoint.progress import config_digest
+from locoexp.compiled.startup import judged
 from locoexp.config import Config
 from locoexp.hardware.config import ChipKind
 from locoexp.model.config import DType
@@ -70,8 +71,12 @@ def build_spec(config: Config) -> RunSpec:
     """The checked spec of a run: refuses (`ConfigError`, one sentence) a model that does not fit,
     a TP degree the heads do not allow, a placement the hosts cannot hold; resolves
     `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the plan's sizes."""
+    # where this process compiled the run at start-up (`compiled.startup.check_memory`), XLA's
+    # verdict stands for the plan's, with the sizes XLA fits
+    xla = judged(config)
+    config = xla or config
     setup = plan_setup(config)
-    resolved = check_fit(setup)
+    resolved = check_fit(setup, memory=xla is None)
     layout, c = setup.layout, config
     trainer = dataclasses.replace(
         c.trainer, micro_batch_rows=resolved_micro_batch_rows(c.trainer, resolved)

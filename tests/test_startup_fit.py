@@ -1,0 +1,68 @@
+"""The start-up fit check (`compiled/startup.py`): the plan alone for small runs, XLA's compile
+where the plan could be wrong, and XLA's verdict followed by `build_spec`."""
+
+import dataclasses
+
+import pytest
+
+from locoexp.compiled import startup
+from locoexp.compose import compose_config
+from locoexp.errors import ConfigError
+from locoexp.planner import resolve_plan
+from locoexp.planner.fit import paper_layout
+from locoexp.session.build import build_spec, plan_setup
+
+HUGE_RANK = ["adapter=lora", "adapter.rank=1000000"]  # the adapters alone outgrow 24 GiB
+
+
+def test_a_small_run_is_decided_by_the_plan_alone():
+    config = compose_config([])
+    plan = resolve_plan(plan_setup(config))
+    assert startup.plan_share(config, plan) <= startup.PLAN_ALONE_BELOW
+    assert startup.check_memory(config) is None  # no compile
+    assert startup.judged(config) is None
+
+
+def test_the_plan_counts_the_low_rank_activations_of_every_adapted_projection():
+    """`adapter.rank` grows the activations: one [tokens, r] per projection per block."""
+
+    def activations(rank: int) -> int:
+        setup = paper_layout(plan_setup(compose_config(["adapter=lora", f"adapter.rank={rank}"])))
+        return resolve_plan(setup).trainer.activations, setup
+
+    low, setup = activations(1000)
+    high, _ = activations(2000)
+    tokens = setup.dataset.prompts_per_step * setup.dataset.samples_per_prompt
+    rows = resolve_plan(setup).trainer_shape
+    per_rank = rows.micro_batch_rows * rows.row_tokens * setup.model.num_layers * 7 * 4
+    assert high - low == 1000 * per_rank, (tokens, rows)
+
+
+def test_xla_fitting_a_run_the_plan_refuses_lets_build_spec_build_it(monkeypatch):
+    config = compose_config(HUGE_RANK)
+    with pytest.raises(ConfigError, match="does not fit"):
+        build_spec(config)  # the plan's refusal
+
+    @dataclasses.dataclass
+    class Fits:  # XLA's verdict, as `compile_in_child` returns it
+        fits: bool = True
+
+    monkeypatch.setattr(startup, "compile_in_child", lambda config: Fits())
+    monkeypatch.setattr(startup, "_JUDGED", {})
+    assert startup.check_memory(config).fits
+    assert startup.judged(config) is config
+    build_spec(config)  # follows XLA
+
+
+def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypatch):
+    """The plan once said "fits" for ranks whose step then failed allocating (issue 44); now
+    the plan counts the rank and XLA's compile (a real one, in the child process) decides."""
+    monkeypatch.setattr(startup, "_JUDGED", {})
+    config = compose_config(HUGE_RANK)
+    with pytest.raises(ConfigError) as refused:
+        startup.check_memory(config)
+    sentence = str(refused.value)
+    assert "XLA compiled the run's programs for cpu before allocating anything" in sentence
+    assert "GiB together" in sentence and "the plan estimated" in sentence
+    assert "\n" not in sentence
+    assert startup.judged(config) is None  # build_spec keeps the plan's refusal
