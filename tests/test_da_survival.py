@@ -4,7 +4,8 @@ regenerated, so the run completes every step with the uninterrupted run's losses
 trainer host (or one Ray's memory monitor killed) ends the run with one sentence and leaves no
 Ray process; a driver stopped with SIGTERM checkpoints and the same command resumes it to the
 uninterrupted run's losses, every socket of both runs listening on loopback only (README,
-"Security").
+"Security"); a driver killed with SIGKILL at staleness 1, 2 and 3, a rollout host slowed each
+step, resumes to the uninterrupted run's batches and losses exactly (issue 44).
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
 `LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
@@ -26,7 +27,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from cli_runs import assert_loopback_only, assert_same_steps, sockets_of
+from cli_runs import assert_loopback_only, assert_same_steps, kill, run_through, sockets_of, start
 from step_loop_reference import REFERENCE, overrides_of
 
 from locoexp.compose import compose_config
@@ -35,6 +36,7 @@ from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
 from locoexp.placement.ray_session import keep_ray_on_loopback
 from locoexp.placement.ray_transport import RayActors
+from locoexp.placement.saved_batches import batch_path
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -215,7 +217,7 @@ def stopped_then_resumed(tmp_path_factory) -> SimpleNamespace:
         err=err,
         stop_s=stop_s,
         steps=stopped_at,
-        next_batch_saved=(run_dir / "da_batches" / f"{stopped_at}.npz").is_file(),
+        next_batch_saved=batch_path(run_dir, stopped_at, stopped_at).is_file(),
         ray_left=_ray_processes_after(),
     )
     resumed = _start(run_dir, [*extra, "resume=must"])
@@ -281,3 +283,70 @@ def test_a_trainer_host_killed_by_rays_memory_monitor_is_named_in_one_sentence()
     assert message.startswith("trainer host 0 of 1 (a ray::TrainerHost actor) was killed by ")
     assert "memory monitor during step 1" in message and "\n" not in message
     _no_ray_process_left()
+
+
+# Exact resume at every staleness (issue 44): one trainer host and two rollout hosts, one of them
+# slowed each step, so the hosts run at their own pace and a checkpoint after k updates finds
+# batches k .. k+s-1 in flight at different stages on each host.
+STALE_STEPS = 6
+STALE_RUN = [
+    "placement=da",
+    "hardware.hosts=3",
+    "split=0.333",
+    "logger=none",
+    "seed=0",
+    f"steps={STALE_STEPS}",
+    "eval_every_steps=0",
+    "checkpoint_every_steps=2",
+    "dataset.prompts_per_step=4",
+    "dataset.samples_per_prompt=4",
+    "dataset.synthetic.held_out_size=8",
+    "rollout.straggler.delay_s=0.3",  # one rollout host per step, a seeded draw
+]
+
+
+def batches_trained(run_dir: Path) -> list[tuple]:
+    """Each step's batch as the ledger has it: its prompts and its shares' weight versions."""
+    rows = [row for row in ledger(run_dir) if "example_ids" in row]
+    return [(r["step"], r["example_ids"], r["weight_versions"]) for r in rows]
+
+
+def latest_checkpoint(run_dir: Path) -> int | None:
+    directory = run_dir / "checkpoints"
+    saved = (
+        [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
+    )
+    return max(saved, default=None)
+
+
+# each staleness its own xdist group: the three cases spread over both workers
+@pytest.mark.parametrize(
+    "staleness",
+    [pytest.param(s, marks=pytest.mark.xdist_group(f"da_resume_s{s}")) for s in (1, 2, 3)],
+)
+def test_kill_9_then_the_same_command_trains_the_uninterrupted_runs_batches(tmp_path, staleness):
+    """The driver's process group killed with SIGKILL once the checkpoint after 2 updates is
+    complete, then the same command: every step's batch (prompts and weight versions), loss and
+    reward are the uninterrupted run's, exactly. The batches in flight at the checkpoint were
+    sampled with weights the checkpoint does not hold; only the saved batches give them back."""
+    args = [*STALE_RUN, f"placement.max_staleness={staleness}"]
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    run_grpo(compose_config(args), run_dir=uninterrupted, progress=False)
+    run = start(resumed, args)
+    deadline = time.monotonic() + DEADLINE_S
+    while latest_checkpoint(resumed) is None:
+        assert run.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, f"no checkpoint within {DEADLINE_S} s"
+        time.sleep(0.01)
+    kill(run)
+    resumed_from = latest_checkpoint(resumed)
+    assert resumed_from < STALE_STEPS, "the run finished before the kill"
+    _no_ray_process_left()
+    run_through(resumed, args)
+    got, want = steps(resumed), steps(uninterrupted)
+    assert batches_trained(resumed) == batches_trained(uninterrupted)
+    assert [r["step"] for r in got] == list(range(STALE_STEPS))
+    keys = ("train/loss", "rollout/reward_mean", "train/staleness_steps")
+    assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
+    assert max(r["train/staleness_steps"] for r in want) == staleness  # the bound was reached
+    assert json.loads((resumed / "summary.json").read_text())["resume/attempts"] == 2

@@ -168,11 +168,16 @@ def test_co_hosts_on_two_machines_train_the_local_runs_steps_on_their_addresses(
     assert not wildcard, wildcard
 
 
+# Ray's command line (the `ray` script's entry point) run by this interpreter: the Ray the run
+# imports, found without the virtualenv's bin on PATH (a bare `ray` needs it there)
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
+
+
 def ray_start(machine: Machine, args: list[str], root: Path, env: dict) -> None:
     """`ray start` in `machine`, tried three times: a raylet waits a fixed 15 s for its dashboard
     agent's port file (Ray's `WaitForPersistedPort`), which a loaded machine can miss."""
     ports = [f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[1]}"]
-    command = ["ray", "start", f"--node-ip-address={machine.address}", *args, *ports]
+    command = [*RAY_CLI, "start", f"--node-ip-address={machine.address}", *args, *ports]
     command += [f"--temp-dir={root / machine.name}", "--disable-usage-stats"]
     command += ["--include-dashboard=false"] if "--head" in args else []  # as a local run
     for _ in range(3):

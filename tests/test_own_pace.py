@@ -195,7 +195,26 @@ def test_a_slowed_rollout_host_does_not_hold_the_other_back(tmp_path):
     ]
     assert any(ahead), windows
     records = [r for r in read_metrics_jsonl(tmp_path / "metrics.jsonl") if "train/loss" in r]
-    assert all(r["rollout/injected_delay_s_max"] == pytest.approx(3.0) for r in records)
-    assert all(r["timing/straggler_s"] > 1.0 for r in records)  # lead over the mean: ~1.5 s
+    straggler = StragglerConfig(delay_s=3.0)
+    for row, record in zip(rows, records, strict=True):
+        assert record["rollout/injected_delay_s_max"] == pytest.approx(3.0)
+        shares = [end - start for start, end in row.rollout_windows]  # each host's, this batch
+        slowed = slowed_host(straggler, step=row.step, hosts=2, seed=1)
+        assert shares[slowed] >= 3.0  # the delay lands in the drawn host's share of this batch
+        # The record's straggler is this batch's: its slowest host took the whole delay, and no
+        # longer than the batch's longest share (a host's time is read before its window ends).
+        # Its lead over the mean is positive but no promised figure: with two hosts it is half
+        # their gap, (3 s + w_slowed - w_other) / 2, w being a host's own work on its share
+        # (load, admission, generation, reward). At step 0, w is each engine's first compile,
+        # ~12 s on both hosts at once, so the lead is 1.5 s minus half the difference of two
+        # concurrent 12 s compiles. A run failed `straggler_s > 1.0` (issue 44): a lead under
+        # 1 s needs w_other - w_slowed > 1 s, which only step 0's compiles make likely (the
+        # other host's ending over 1 s after the slowed host's, on a loaded machine or with the
+        # slowed host loading programs from the persistent compilation cache). After warm-up w
+        # is ~10 ms and the lead ~1.5 s, but how long a host's work takes on a loaded machine is
+        # no property of the schedule (Eq. 4's analysis reads the steady steps only).
+        assert 3.0 <= record["timing/rollout_host_s"] <= max(shares)
+        lead = record["timing/rollout_host_s"] - record["timing/rollout_host_s_mean"]
+        assert record["timing/straggler_s"] == pytest.approx(lead) and lead > 0.0
     # Eq. 4's A: where the slowed host changes, the other one had started the next batch early
     assert max(r["timing/straggler_absorbed_s"] for r in records[1:]) > 0.0

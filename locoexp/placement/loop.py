@@ -28,13 +28,14 @@ during step t+1), evaluation wall time kept off the clock, the summary and cost-
 decides what a phase does, how data moves, or what a run writes (`metrics.run_output` does).
 
 Runs that survive (every placement): a resumed run starts at `LoopPlan.start_step` with its
-clock at the restored elapsed time (`clock_offset_s`, App. I.1); under `da` its first batch is
-the one the checkpoint saved, when there is one (the transport hands it over). After step t (and
-its evaluation), every host (the driver under `da`) asks the hooks whether a stop signal arrived
-(agreed across hosts) or a checkpoint is due; either flushes step t's record first, then the
-hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved and where is
-`locoexp.checkpoint`'s and the transport's; the loop only says when. A lost `da` rollout host is
-the transport's to replace; the loop never sees it (only `da/rollout_restarts` in the records).
+clock at the restored elapsed time (`clock_offset_s`, App. I.1); under `da` its first batches
+are those in flight at the checkpoint, which it saved (the transport hands them over). After
+step t (and its evaluation), every host (the driver under `da`) asks the hooks whether a stop
+signal arrived (agreed across hosts) or a checkpoint is due; either flushes step t's record
+first, then the hooks checkpoint updates t+1, and a stop raises `RunStopped`. What is saved and
+where is `locoexp.checkpoint`'s and the transport's; the loop only says when. A lost `da` rollout
+host is the transport's to replace; the loop never sees it (only `da/rollout_restarts` in the
+records).
 """
 
 import dataclasses

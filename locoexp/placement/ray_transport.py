@@ -1,8 +1,10 @@
 """The Ray transport (`placement=da`, LoCoJAX-DA, Sections 2 and 4.4): the loop runs in a Ray
-driver and the halves in actors (`ray_hosts.py`), with staleness 1.
+driver and the halves in actors (`ray_hosts.py`), with staleness s (`placement.max_staleness`,
+the paper's 1).
 
-Step t: wait for batch t (`timing/trainer_idle_s`), start training on it, start batch t+1 with
-the newest published weights (those after step t-1), wait for training (`trainer_round_s`).
+Step t: start every batch through t+s not yet started with the newest published weights (those
+after step t-1), wait for batch t (`timing/trainer_idle_s`), start training on it, wait for
+training (`trainer_round_s`).
 Batches travel as object-store references from rollout actors to trainer actors; the driver
 fetches only their reports. Records have the `co` keys where they mean the same thing:
 rollout-side timings (`load`, `admission`, `generation`, `reward`, `rollout`) are those of the
@@ -25,8 +27,9 @@ Runs that survive (issue 13):
 - A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
   does not wait for its peers, which may be blocked in a collective with it.
 - Checkpoints: each trainer host saves and restores its shards; the driver adds the weight
-  version, the ledger and the already generated next batch (`saved_batches.py`), which a resumed
-  run trains instead of sampling it again (so it continues exactly).
+  version, the ledger and every batch in flight (up to `placement.max_staleness`, each with the
+  weight version that sampled it; `saved_batches.py`), which a resumed run trains instead of
+  sampling them again with newer weights (so it continues exactly, at any staleness).
 """
 
 import collections
@@ -58,7 +61,12 @@ from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.ray_hosts import Hosts, start_hosts
 from locoexp.placement.ray_session import ray_session
-from locoexp.placement.saved_batches import load_batches, prune_batches, save_batches
+from locoexp.placement.saved_batches import (
+    clear_batches,
+    load_batches,
+    prune_batches,
+    save_batches,
+)
 from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
@@ -89,8 +97,7 @@ class RayActors:
     run_dir: Path
     rollout_restarts: int  # placement.rollout_restarts: each rollout host's restart budget
     restart_timeout_s: float  # placement.rollout_restart_timeout_s: the wait for one restart
-    staleness: int  # placement.max_staleness: batches started ahead of the trainer
-    # a resumed run's saved next batches, by step: trained without sampling them again
+    # a resumed run's saved batches in flight, by step: trained without sampling them again
     restored: dict[int, list[RolloutBatch]] = dataclasses.field(default_factory=dict)
     # batches started and not yet trained, by step (what a checkpoint saves)
     in_flight: dict[int, PendingRollout] = dataclasses.field(default_factory=dict)
@@ -242,15 +249,15 @@ class RayActors:
         return DRIVER
 
     def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
-        """The checkpoint after `progress.next_step` updates: the batches already started
-        (`saved_batches`: sampled with weights no later checkpoint holds), then every trainer
-        host's shards, the weight version and the ledger (`checkpoints` is the driver's; the
-        trainer hosts write their own)."""
+        """The checkpoint after `progress.next_step` updates: every batch in flight (started,
+        not trained: batches k .. k+s-1, sampled with weights this checkpoint does not hold;
+        `saved_batches`), then every trainer host's shards, the weight version and the ledger
+        (`checkpoints` is the driver's; the trainer hosts write their own)."""
         updates = progress.next_step
+        clear_batches(self.run_dir, updates)
         for step, pending in sorted(self.in_flight.items()):
-            if step >= updates:
-                _, refs = self.collect_rollout(pending, None)
-                save_batches(self.run_dir, step, ray.get(refs))
+            _, refs = self.collect_rollout(pending, None)
+            save_batches(self.run_dir, updates, step, ray.get(refs))
         progress = dataclasses.replace(
             progress, weight_version=updates, ledger=tuple(self.ledger.rows)
         )
@@ -265,15 +272,12 @@ class RayActors:
     def restore(self, checkpoints: RunCheckpoints, progress: RunProgress) -> Published:
         """Continue from the checkpoint after `progress.next_step` updates: every trainer host
         restores its shards (from its own `RunCheckpoints`) and the restored weights are
-        published; a saved next batch is trained as it was generated (else it is sampled with
-        the restored weights)."""
+        published; the batches the checkpoint saved are trained as they were generated, with
+        the weights that sampled them (later ones are sampled with the restored weights)."""
         step, run_dir = progress.next_step, str(self.run_dir.resolve())
         calls = [t.restore_checkpoint.remote(run_dir, step) for t in self.hosts.trainers]
         published = self._from_trainers(calls, during=f"the restore of step {step}")[0]
-        for batch in range(step, step + self.staleness):
-            saved = load_batches(self.run_dir, batch)
-            if saved is not None:
-                self.restored[batch] = saved
+        self.restored = load_batches(self.run_dir, step)
         return published
 
     def export(self, directory: Path, *, model: ModelConfig, tokenizer: Tokenizer) -> None:
@@ -355,7 +359,6 @@ def ray_actors(
                     run_dir=run_dir,
                     rollout_restarts=layout.rollout_restarts,
                     restart_timeout_s=layout.rollout_restart_timeout_s,
-                    staleness=layout.staleness,
                 )
             except ray.exceptions.RayError:
                 dead = dead_trainer(hosts.trainers)

@@ -1,19 +1,26 @@
-"""The already generated next batch of a `placement=da` checkpoint, as plain files.
+"""The batches in flight at a `placement=da` checkpoint, as plain files.
 
-With staleness 1 (Section 2, LoCoJAX-DA) batch k is sampled during step k-1 with the weights
-after step k-2. A checkpoint after k updates holds the weights after step k-1 only, so a resumed
-run could not sample batch k again as the uninterrupted run did; instead the driver saves batch k
-itself (token ids, behaviour log-probs, advantages and each rollout host's report: small arrays)
-next to the checkpoint, and the resumed run trains exactly that batch at step k.
+With staleness s (Section 2, LoCoJAX-DA; `placement.max_staleness`) batch j is sampled with the
+weights after update max(j - s, 0). A checkpoint after k updates holds the weights after update k
+only, so a resumed run could not sample batches k .. k+s-1 again as the uninterrupted run did
+(with the weights after updates k-s .. k-1); instead the driver saves those batches themselves
+(token ids, behaviour log-probs, advantages, each rollout host's report and the weight version
+that sampled it: small arrays) with the checkpoint, and the resumed run trains exactly those
+batches at steps k .. k+s-1. Batch k+s and later are sampled with the restored weights, as the
+uninterrupted run sampled them.
 
-Files: `<run_dir>/da_batches/<k>.npz`, one per checkpoint step, written (atomically) before the
-checkpoint it belongs to, numpy arrays only (no pickle); one that cannot be written (a full disk)
-stops the run with one sentence, no partial file left. This module owns the encoding; it never
-decides when to save (the transport does, when the loop checkpoints).
+Files: `<run_dir>/da_batches/<k>/<j>.npz`, one directory per checkpoint k and one file per batch
+j it saved, each written (atomically) before the checkpoint it belongs to, numpy arrays only (no
+pickle); one that cannot be written (a full disk) stops the run with one sentence, no partial
+file left. A checkpoint's directory goes when its checkpoint does (`prune_batches`). A run
+directory of an earlier version holds `<run_dir>/da_batches/<k>.npz`, batch k alone, which is
+read as checkpoint k's. This module owns the encoding; it never decides when to save (the
+transport does, when the loop checkpoints).
 """
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +31,26 @@ from locoexp.placement.halves import HalfReport, RolloutBatch, Window
 BATCH_DIR = "da_batches"
 
 
-def batch_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / BATCH_DIR / f"{step}.npz"
+def batch_path(run_dir: str | Path, checkpoint: int, step: int) -> Path:
+    """Where the checkpoint after `checkpoint` updates keeps batch `step`."""
+    return Path(run_dir) / BATCH_DIR / str(checkpoint) / f"{step}.npz"
 
 
-def save_batches(run_dir: str | Path, step: int, batches: list[RolloutBatch]) -> Path:
-    """Every rollout host's share of batch `step` in one file (renamed into place when done)."""
+def clear_batches(run_dir: str | Path, checkpoint: int) -> None:
+    """Remove what an earlier attempt left for the checkpoint after `checkpoint` updates (one
+    killed before that checkpoint was complete), so that it holds only what is saved next."""
+    shutil.rmtree(Path(run_dir) / BATCH_DIR / str(checkpoint), ignore_errors=True)
+
+
+def save_batches(
+    run_dir: str | Path, checkpoint: int, step: int, batches: list[RolloutBatch]
+) -> Path:
+    """Every rollout host's share of batch `step` in one file of the checkpoint after
+    `checkpoint` updates (renamed into place when done)."""
     arrays: dict[str, np.ndarray] = {"hosts": np.array(len(batches))}
     for host, batch in enumerate(batches):
         arrays |= _encode(batch, prefix=f"{host}/")
-    path = batch_path(run_dir, step)
+    path = batch_path(run_dir, checkpoint, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npz")
     try:
@@ -49,24 +66,34 @@ def save_batches(run_dir: str | Path, step: int, batches: list[RolloutBatch]) ->
     return path
 
 
-def load_batches(run_dir: str | Path, step: int) -> list[RolloutBatch] | None:
-    """Batch `step` as saved by `save_batches`, or None when no file holds it."""
-    path = batch_path(run_dir, step)
-    if not path.exists():
-        return None
+def load_batches(run_dir: str | Path, checkpoint: int) -> dict[int, list[RolloutBatch]]:
+    """Every batch the checkpoint after `checkpoint` updates saved, by step (none: {})."""
+    directory = Path(run_dir) / BATCH_DIR
+    paths = {
+        int(p.stem): p for p in (directory / str(checkpoint)).glob("*.npz") if p.stem.isdigit()
+    }
+    if not paths and (directory / f"{checkpoint}.npz").is_file():  # an earlier version's
+        paths = {checkpoint: directory / f"{checkpoint}.npz"}
+    return {step: _load(path) for step, path in sorted(paths.items())}
+
+
+def _load(path: Path) -> list[RolloutBatch]:
     with np.load(path, allow_pickle=False) as saved:
         arrays = dict(saved)
     return [_decode(arrays, prefix=f"{host}/") for host in range(int(arrays["hosts"]))]
 
 
 def prune_batches(run_dir: str | Path, *, kept: set[int]) -> None:
-    """Remove every file whose step is not in `kept` (the checkpoints on disk and the one being
-    written): those of checkpoints deleted since, and those of a checkpoint that was never
-    completed (a run killed or refused mid-save), which no resume reads."""
-    for path in (Path(run_dir) / BATCH_DIR).glob("*.npz"):
-        stem = path.name.removesuffix(".npz")
-        if stem.isdigit() and int(stem) not in kept:
-            path.unlink(missing_ok=True)
+    """Remove the batches of every checkpoint not in `kept` (those on disk and the one being
+    written): of checkpoints deleted since, and of a checkpoint never completed (a run killed or
+    refused mid-save), which no resume reads."""
+    for path in (Path(run_dir) / BATCH_DIR).glob("*"):
+        name = path.name.removesuffix(".npz")  # a directory, or an earlier version's file
+        if name.isdigit() and int(name) not in kept:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def _encode(batch: RolloutBatch, *, prefix: str) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ else differs between placements:
 - `co`, `single_controller`: every host process runs this session with an `InProcess` transport;
   the hosts agree on stops and on the resumed clock through their group; process 0 writes.
 - `da`: the Ray driver runs it alone with `RayActors`; the trainer hosts write their own shards,
-  the driver the weight version, the ledger and the next batch.
+  the driver the weight version, the ledger and the batches in flight.
 
 A stop signal ends the run after the running step and a checkpoint (`RunStopped`); a finished run
 trains nothing; a restored run continues with its own records cut back to the checkpoint.
