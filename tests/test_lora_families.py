@@ -100,7 +100,7 @@ def test_a_train_step_moves_the_adapters_and_leaves_the_experts_frozen(name):
     assert {("layers", *p) for p in adapted} | {("embed", "embedding")} == moved
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gemma4_moe_k_eq_v"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "gemma4_dense_k_eq_v", "gemma4_moe_k_eq_v"])
 def peft_family(request, tmp_path_factory):
     """A random transformers base of the family, a random PEFT adapter on the projections we
     adapt by default (on Gemma4 all seven names: PEFT skips the global layers' absent v_proj),
@@ -110,8 +110,9 @@ def peft_family(request, tmp_path_factory):
         hf, targets = qwen3_moe.build_hf_moe(8, 2, True, False), ATTENTION
         model = qwen3_moe.matching_config(8, 2, True, False, checkpoint=str(base_dir))
     else:
-        hf, targets = gemma4.build_hf_gemma4(True, True), ATTENTION + MLP
-        model = gemma4.matching_config(True, True, checkpoint=str(base_dir))
+        moe = request.param == "gemma4_moe_k_eq_v"
+        hf, targets = gemma4.build_hf_gemma4(moe, True), ATTENTION + MLP
+        model = gemma4.matching_config(moe, True, checkpoint=str(base_dir))
     hf.save_pretrained(base_dir)
     config = peft.LoraConfig(
         r=EVERY.rank, lora_alpha=EVERY.alpha, target_modules=targets, init_lora_weights=False
