@@ -23,6 +23,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
 from locoexp.model.checkpoint import load_model
+from locoexp.model.moe import is_expert_stack
 from locoexp.model.transformer import build_model, causal_segment_mask
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import pack_sequences
@@ -71,6 +72,15 @@ def test_default_lora_adapts_each_projection_the_model_has(name):
     assert adapted_paths(adapted) == FAMILIES[name]
     factors = jax.tree.leaves(nnx.state(adapted, nnx.LoRAParam))
     assert sum(x.size for x in factors) == config.adapter.count_factors(config.model)
+
+
+def test_the_factors_of_a_dense_mlp_beside_experts_are_not_split_as_expert_stacks():
+    config = compose_config(["adapter=lora", "model=tiny_gemma4_moe"])
+    adapted = adapt_model(build_model(config.model, seed=0), config.adapter)
+    # key paths as the trainer's and the engine's layouts see them (jax.tree_util's)
+    paths = [p for p, _ in jax.tree_util.tree_leaves_with_path(nnx.state(adapted, nnx.Param))]
+    stacks = {tuple(str(k.key) for k in p[2:4]) for p in paths if is_expert_stack(p)}
+    assert stacks == {("experts", "gate_up_proj"), ("experts", "down_proj")}  # mlp's are dense
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3_moe", "tiny_gemma4_moe"])
