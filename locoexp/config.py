@@ -12,7 +12,7 @@ import enum
 import math
 from typing import Any
 
-from locoexp.adapter.config import AdapterConfig
+from locoexp.adapter.config import AdapterConfig, check_targets
 from locoexp.algo.config import AlgoConfig
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
@@ -120,6 +120,7 @@ class Config:
         )
         check_attention_backend(self.trainer.attention, self.hardware.platform)
         check_remat_backend(self.trainer.remat, self.hardware.platform)
+        check_targets(self.adapter, self.model)  # LoRA on the projections the model has
         if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
             self.hardware.hosts = minimal_hosts(
                 disaggregated=self.placement.kind is PlacementKind.da, split=self.split

@@ -14,10 +14,13 @@ from locoexp.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# Specialisations (conf/config.yaml's `optional adapter_model: ${adapter}_${model}`) are chosen
+# by the pair, not on their own: `test_every_specialisation_applies_to_its_pair`.
+SPECIALISATIONS = sorted(p.stem for p in (CONF / "adapter_model").glob("*.yaml"))
 OPTIONS = sorted(
     (group.name, option.stem)
     for group in CONF.iterdir()
-    if group.is_dir()
+    if group.is_dir() and group.name != "adapter_model"
     for option in group.glob("*.yaml")
 )
 # Options that are only valid together with another choice (cross-group checks of Config).
@@ -25,6 +28,8 @@ COMPANIONS = {
     ("placement", "da"): ["hardware=tpu_v7x_16", "split=0.5"],  # da needs >= 2 hosts and a split
     # 64 hosts need prompts_per_step % 64 == 0
     **{("hardware", f"tpu_{chip}_256"): ["dataset=gsm8k"] for chip in ("v5e", "v5p", "v6e", "v7x")},
+    # its own values, on a model the tiny models' specialisation (conf/adapter_model/) leaves be
+    ("adapter", "lora"): ["model=tiny_qwen"],
 }
 
 
@@ -64,6 +69,24 @@ def test_every_option_composes_and_converts_to_the_typed_config(group, option):
         assert got == value or (isinstance(value, int | float) and got == pytest.approx(value)), key
 
 
+@pytest.mark.parametrize("pair", SPECIALISATIONS)
+def test_every_specialisation_applies_to_its_pair(pair):
+    adapter, model = pair.split("_", 1)
+    assert (CONF / "adapter" / f"{adapter}.yaml").is_file()
+    assert (CONF / "model" / f"{model}.yaml").is_file()
+    config = compose_config([f"adapter={adapter}", f"model={model}"])
+    for key, value in OmegaConf.to_container(
+        OmegaConf.load(CONF / "adapter_model" / f"{pair}.yaml")
+    ).items():
+        got = getattr(config.adapter, key)
+        got = [getattr(g, "value", g) for g in got] if isinstance(got, list) else got
+        assert got == value, key
+    # a key given on the command line still wins
+    assert (
+        compose_config([f"adapter={adapter}", f"model={model}", "adapter.rank=3"]).adapter.rank == 3
+    )
+
+
 # Every experiment file, cell by cell of its sweep: tests/test_experiments.py.
 
 
@@ -97,6 +120,10 @@ BAD_OVERRIDES = {
     "cross-group": (["hardware.hosts=3"], "dataset.prompts_per_step"),
     "adapter rank": (["adapter=lora", "adapter.rank=0"], "adapter.rank"),
     "adapter target": (["adapter=lora", "adapter.targets=[q_proj,wq]"], "adapter.targets"),
+    "adapter target the model lacks": (
+        ["adapter=lora", "model=tiny_qwen3_moe", "adapter.targets=[gate_proj]"],
+        "adapter.targets",
+    ),
     "bad job of a sweep": (["-m", "seed=0,1", "algo.learning_rate=1e-3,-1"], "algo.learning_rate"),
 }
 

@@ -60,8 +60,11 @@ class AdapterConfig:
     kind: AdapterKind = AdapterKind.none
     rank: int = 64  # r of A [in, r] and B [r, out] (App. G's Tunix recipe: 64)
     alpha: float = 64.0  # the low-rank term is scaled by alpha / rank (PEFT's lora_alpha)
-    # Projections of every block that get an adapter (Tunix's recipe: all seven).
-    targets: list[Projection] = dataclasses.field(default_factory=lambda: list(Projection))
+    # Projections that get an adapter, in every block that has them (`block_projections`):
+    # null = every projection of the model LoRA adapts (the attention's four, and the dense
+    # MLP's three where the model has one: not Qwen3-MoE's expert stacks); Tunix's recipe names
+    # all seven. A named projection the model does not have is refused (`check_targets`).
+    targets: list[Projection] | None = None
     # Dropout on the adapter's input (PEFT's lora_dropout). Only 0 is implemented: the train
     # step draws no dropout keys, and GRPO's importance ratio compares the trainer's log-probs
     # with the engine's, which dropout would make disagree (App. G's recipe uses none).
@@ -81,9 +84,10 @@ class AdapterConfig:
         require(self.rank >= 1, f"adapter.rank={self.rank} must be a positive integer.")
         require(self.alpha > 0, f"adapter.alpha={self.alpha} must be > 0.")
         require(
-            len(self.targets) > 0 and len(set(self.targets)) == len(self.targets),
-            f"adapter.targets={[t.value for t in self.targets]} must name each projection at "
-            f"most once and at least one of {', '.join(p.value for p in Projection)}.",
+            self.targets is None or 0 < len(set(self.targets)) == len(self.targets),
+            f"adapter.targets={_names(self.targets or [])} must name each projection at most "
+            f"once and at least one of {', '.join(p.value for p in Projection)} (or be null: "
+            "every projection the model has).",
         )
         require(
             self.dropout == 0.0,
@@ -111,11 +115,14 @@ class AdapterConfig:
         return self.count_factors(model) + self.count_saved(model)
 
     def count_factors(self, model: ModelConfig) -> int:
-        """LoRA parameters over every block: rank x (D_in + D_out) per target; 0 for none."""
+        """LoRA parameters over every block: rank x (D_in + D_out) per adapted projection; 0
+        for none."""
         if not self.trains_adapters:
             return 0
-        return model.num_layers * sum(
-            self.rank * sum(projection_shape(model, t)) for t in self.targets
+        return sum(
+            self.rank * sum(shape)
+            for layer in range(model.num_layers)
+            for shape in adapted_projections(self, model, layer).values()
         )
 
     def count_saved(self, model: ModelConfig) -> int:
@@ -150,18 +157,67 @@ def saved_tensors(adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, tup
     return found
 
 
-def projection_shape(model: ModelConfig, projection: Projection) -> tuple[int, int]:
-    """(D_in, D_out) of a block's projection."""
+def block_projections(model: ModelConfig, layer: int) -> dict[Projection, tuple[int, int]]:
+    """(D_in, D_out) of every projection LoRA can adapt in block `layer` of `model`, per family:
+    - the attention's q, k, v, o at the layer's own head width and KV heads (Gemma4's global
+      layers have theirs), without v_proj on Gemma4's key-is-value global layers, which have
+      none (PEFT adapts the modules that exist, so it skips them too);
+    - the dense MLP's gate, up, down, except in Qwen3-MoE, whose gate/up/down are [E, ...]
+      expert stacks, not projections (not adapted here); Gemma4-26B's dense GeLU MLP beside its
+      routed experts is adapted, its experts are not."""
     d, f = model.hidden_dim, model.mlp_dim
-    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    match projection:
-        case Projection.q_proj:
-            return d, q
-        case Projection.k_proj | Projection.v_proj:
-            return d, kv
-        case Projection.o_proj:
-            return q, d
-        case Projection.gate_proj | Projection.up_proj:
-            return d, f
-        case Projection.down_proj:
-            return f, d
+    kv_heads, h = model.layer_kv_shape(layer)
+    q, kv = model.num_heads * h, kv_heads * h
+    shapes = {
+        Projection.q_proj: (d, q),
+        Projection.k_proj: (d, kv),
+        Projection.v_proj: (d, kv),
+        Projection.o_proj: (q, d),
+    }
+    if model.gemma4 and model.global_key_is_value and model.is_global_layer(layer):
+        del shapes[Projection.v_proj]
+    if model.gemma4 or not model.moe:
+        shapes |= {
+            Projection.gate_proj: (d, f),
+            Projection.up_proj: (d, f),
+            Projection.down_proj: (f, d),
+        }
+    return shapes
+
+
+def adaptable_projections(model: ModelConfig) -> list[Projection]:
+    """The projections LoRA can adapt in at least one block of `model`, in `Projection` order."""
+    found = {p for layer in range(model.num_layers) for p in block_projections(model, layer)}
+    return [p for p in Projection if p in found]
+
+
+def adapted_targets(adapter: AdapterConfig, model: ModelConfig) -> list[Projection]:
+    """`adapter.targets`, or every projection LoRA adapts in `model` when it is null."""
+    return adaptable_projections(model) if adapter.targets is None else list(adapter.targets)
+
+
+def adapted_projections(
+    adapter: AdapterConfig, model: ModelConfig, layer: int
+) -> dict[Projection, tuple[int, int]]:
+    """(D_in, D_out) of the projections of block `layer` that get an adapter."""
+    targets = set(adapted_targets(adapter, model))
+    return {p: s for p, s in block_projections(model, layer).items() if p in targets}
+
+
+def check_targets(adapter: AdapterConfig, model: ModelConfig) -> None:
+    """Refuse a named target that no block of `model` has as a projection (Qwen3-MoE's expert
+    stacks; v_proj where every layer shares keys and values)."""
+    named = adapter.targets if adapter.trains_adapters and adapter.targets else []
+    valid = adaptable_projections(model)
+    missing = [t for t in named if t not in valid]
+    why = " (its MLP is a mixture of experts, whose stacks LoRA here does not adapt)"
+    require(
+        not missing,
+        f"adapter.targets names {', '.join(_names(missing))}, which model {model.name} has no "
+        f"projection of{why if model.moe and not model.gemma4 else ''}; valid targets: "
+        f"{', '.join(_names(valid))}, or null for all of them.",
+    )
+
+
+def _names(projections: list[Projection]) -> list[str]:
+    return [p.value for p in projections]

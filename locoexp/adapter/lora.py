@@ -15,7 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from locoexp.adapter.config import PROJECTION_MODULE, AdapterConfig, saved_tensors
+from locoexp.adapter.config import (
+    PROJECTION_MODULE,
+    AdapterConfig,
+    adapted_projections,
+    saved_tensors,
+)
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import Transformer
 
@@ -69,12 +74,13 @@ class ScaledLoRA(nnx.LoRA):
 
 
 def adapt_model(model: Transformer, adapter: AdapterConfig) -> Transformer:
-    """A copy of `model` (sharing its arrays) with `adapter.targets` of every block wrapped in a
-    `ScaledLoRA`; A drawn from `adapter.seed` (nnx's He-uniform), B zero. `model` is unchanged."""
+    """A copy of `model` (sharing its arrays) with the targeted projections of every block that
+    has them (`adapted_projections`) wrapped in a `ScaledLoRA`; A drawn from `adapter.seed`
+    (nnx's He-uniform), B zero. `model` is unchanged."""
     adapted = nnx.merge(*nnx.split(model))
     rngs = nnx.Rngs(params=adapter.seed)
-    for block in adapted.layers:
-        for target in adapter.targets:
+    for layer, block in enumerate(adapted.layers):
+        for target in adapted_projections(adapter, model.config, layer):
             owner = getattr(block, PROJECTION_MODULE[target])
             base = getattr(owner, target.value)
             wrapped = ScaledLoRA(base, rank=adapter.rank, scale=adapter.scale, rngs=rngs)

@@ -16,7 +16,7 @@ import pathlib
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from locoexp.adapter.config import AdapterConfig, SavedModule
+from locoexp.adapter.config import AdapterConfig, SavedModule, adapted_targets
 from locoexp.model.checkpoint import tensor_names
 from locoexp.model.config import ModelConfig
 
@@ -29,17 +29,18 @@ Saved = dict[tuple, np.ndarray]  # plain parameter path -> a `modules_to_save` w
 _EMBEDDING = ("embed", "embedding")  # the plain path of `model.embed_tokens.weight`
 
 
-def peft_config(adapter: AdapterConfig, *, base_model: str | None) -> dict:
-    """adapter_config.json: the LoRA settings in PEFT's `LoraConfig` keys."""
+def peft_config(adapter: AdapterConfig, model: ModelConfig) -> dict:
+    """adapter_config.json: the LoRA settings in PEFT's `LoraConfig` keys (the targets named,
+    or every projection `model` has when `adapter.targets` is null)."""
     saved = [m.value for m in adapter.modules_to_save]
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
+        "base_model_name_or_path": model.checkpoint,
         "r": adapter.rank,
         "lora_alpha": adapter.alpha,
         "lora_dropout": adapter.dropout,
-        "target_modules": sorted(t.value for t in adapter.targets),
+        "target_modules": sorted(t.value for t in adapted_targets(adapter, model)),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
@@ -88,7 +89,7 @@ def write_peft_adapter(
         if model.tie_embeddings and path == _EMBEDDING:  # PEFT saves the tied head's copy too
             tensors[_PREFIX + "lm_head.weight"] = tensors[name]
     save_file(tensors, str(directory / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
-    config = peft_config(adapter, base_model=model.checkpoint)
+    config = peft_config(adapter, model)
     (directory / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 

@@ -47,15 +47,17 @@ from locoexp.model.config import ModelConfig
 Array = jax.Array
 EXPERT = "expert"  # the expert-parallel mesh axis
 # Parameter names of the stacked [E, ...] expert weights (Qwen3-MoE's MoE, Gemma4's experts): a
-# dense MLP's projections of the same names hold a `kernel`, the stacks do not.
+# dense MLP's projections of the same names hold a `kernel` (and, under LoRA, their factors
+# `lora_a` / `lora_b`, locoexp/adapter/lora.py), the stacks do not.
 EXPERT_STACKS = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up_proj"})
+_PROJECTION_LEAVES = frozenset({"kernel", "lora_a", "lora_b"})
 
 
 def is_expert_stack(path: tuple) -> bool:
     """Whether the parameter at `path` (a key path of an nnx.State or pure dict) is an [E, ...]
     expert stack, the arrays expert parallelism splits along E."""
     names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
-    return bool(names & EXPERT_STACKS) and "kernel" not in names
+    return bool(names & EXPERT_STACKS) and not names & _PROJECTION_LEAVES
 
 
 def expert_mesh(mesh: Mesh) -> contextlib.AbstractContextManager:
