@@ -186,8 +186,9 @@ def check_room(directory: Path) -> None:
     traceback a line, so a disk without room for its first files is refused before it starts."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory, buffering=0) as probe:
+        with tempfile.TemporaryFile(dir=directory) as probe:
             probe.write(bytes(WANDB_ROOM_BYTES))
+            probe.flush()  # writes until every byte is down (a raw write may stop short)
     except OSError as error:
         kept = "the run's checkpoints and metrics.jsonl are intact (or run with logger=none)"
         raise unwritable(directory, error, kept=kept) from None
