@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from locoexp.checkpoint.stop import RunStopped
-from locoexp.compose import hydra_message, preflight, to_config
+from locoexp.compose import hydra_message, override_value, preflight, to_config
 from locoexp.errors import ConfigError, RunFailed
 
 
@@ -56,9 +56,10 @@ def main(cfg: DictConfig) -> None:
 
 
 def resume_command(run_dir: str) -> str:
-    """This command with its run directory named: it resumes from the last checkpoint."""
+    """This command with its run directory named: it resumes from the last checkpoint. Quoted
+    twice: for Hydra's override parser (any directory name), then for the shell."""
     args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
-    return shlex.join(["python", "run.py", *args, f"hydra.run.dir={run_dir}"])
+    return shlex.join(["python", "run.py", *args, f"hydra.run.dir={override_value(run_dir)}"])
 
 
 def resume_line(stopped, run_dir: str) -> str:

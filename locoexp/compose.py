@@ -10,11 +10,13 @@ and turns Hydra's errors into one sentence. It never starts a run; jax loads onl
 import dataclasses
 import itertools
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.conf import HydraConf
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
@@ -133,9 +135,10 @@ def hydra_message(error: Exception) -> str:
             key, what = cause.full_key, str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
                 parent = key.rpartition(".")[0]
+                keys = hydra_keys(parent) if key.startswith("hydra.") else config_keys(parent)
                 return (
                     f"{where}'{key}' is not a config key; the valid keys of "
-                    f"{parent or 'the root'} are {', '.join(config_keys(parent))}."
+                    f"{parent or 'the root'} are {', '.join(keys)}."
                 )
             return f"{where}{key}: {what.rstrip('.')}."
     lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
@@ -147,6 +150,27 @@ def hydra_message(error: Exception) -> str:
         ]
         return f"{head}; valid options: {', '.join(options)}."
     return " ".join(lines)
+
+
+def hydra_keys(path: str) -> list[str]:
+    """The keys under `path` of Hydra's own config ("hydra", "hydra.run", ...)."""
+    node: object = HydraConf
+    for part in path.split(".")[1:]:
+        node = {f.name: f.type for f in dataclasses.fields(node)}.get(part)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return sorted(f.name for f in dataclasses.fields(node))
+
+
+def check_hydra_overrides(argv: list[str]) -> None:
+    """The command line's `hydra.*` overrides parse and name keys of Hydra's config: Hydra
+    itself would report either with its parser's or OmegaConf's raw text and a traceback
+    hint. Raises what `hydra_message` turns into one sentence."""
+    overrides = [a for a in argv if a.startswith("hydra.")]
+    if not overrides:
+        return
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        compose(config_name="config", overrides=[*overrides, EXPERIMENTS], return_hydra_config=True)
 
 
 def job_overrides(argv: list[str]) -> list[str]:
@@ -208,13 +232,31 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return sweep_combinations([*experiment_sweep(overrides), *overrides])
 
 
+def override_value(value: str) -> str:
+    """`value` written so that Hydra's override parser reads it back unchanged: as it is where
+    that holds, else in single quotes with quotes, the backslashes before them and `${`
+    escaped (a directory named with `;`, `,`, `=`, quotes or brackets)."""
+    plain = "${" not in value and "\\" not in value
+    try:
+        parsed = OverridesParser.create().parse_override(f"key={value}")
+    except HydraException:  # the parser's own, or its lexer's
+        plain = False
+    else:
+        plain = plain and not parsed.is_sweep_override() and parsed.value() == value
+    if plain:
+        return value
+    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + body.replace("'", "\\'").replace("${", "\\${") + "'"
+
+
 def run_directories(argv: list[str], count: int) -> list[Path]:
     """Each job's run directory as Hydra will name it: `hydra.run.dir`, or under `-m`
     `hydra.sweep.dir/<job number>`, given on the command line or conf/config.yaml's dated
     defaults (relative to the working directory, as Hydra makes them with `job.chdir: false`)."""
     multirun = bool({"-m", "--multirun"} & set(argv))
     key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
-    given = [a.removeprefix(key) for a in argv if a.startswith(key)]
+    parser = OverridesParser.create()
+    given = [str(parser.parse_override(a).value()) for a in argv if a.startswith(key)]
     dated = time.strftime("%Y-%m-%d/%H-%M-%S")
     base = Path(given[-1] if given else f"{'multirun' if multirun else 'outputs'}/{dated}")
     return [base / str(number) for number in range(count)] if multirun else [base]
@@ -233,13 +275,17 @@ def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
     """Compose and validate every job of a command line before Hydra starts (an experiment
     file's sweep included), so bad input writes nothing: the schema's checks, then
     `locoexp.preflight.check_run` (files, engine, logger). Returns (overrides, config) per job."""
+    check_hydra_overrides(argv)
     jobs = sweep_jobs(argv)
     configs = compose_configs(jobs)
     if all(c.hardware.chip is ChipKind.cpu or c.dry_run for c in configs):
         use_cpu_backend()
-    from locoexp.preflight import check_run  # noqa: PLC0415  (jax loads once the config is valid)
+    from locoexp.preflight import check_run, start_up_warnings  # noqa: PLC0415  (jax loads once the config is valid)
 
     for job, config, run_dir in zip(jobs, configs, run_directories(argv, len(jobs)), strict=True):
+        for notice in start_up_warnings(config):
+            named = f"job {' '.join(job)}: {notice}" if len(jobs) > 1 else notice
+            print(f"warning: {named}", file=sys.stderr, flush=True)
         if config.dry_run is DryRun.compile:  # libtpu and the slice, before any compile starts
             from locoexp.compiled.topology import topology_devices  # noqa: PLC0415
 

@@ -249,6 +249,13 @@ class Config:
             f"placement.max_staleness={self.placement.max_staleness} must be a positive integer "
             "and only applies to placement=da (co and single_controller train on-policy).",
         )
+        # a bound raised past the run's length holds nothing back (the paper's 1 always applies)
+        require(
+            self.placement.max_staleness in (1, *range(self.steps)),
+            f"placement.max_staleness={self.placement.max_staleness} is not below steps="
+            f"{self.steps}: no batch of this run can be that stale, so the bound holds nothing "
+            "back; set placement.max_staleness below steps, or 1 (the paper's).",
+        )
         require(
             self.placement.rollout_restarts >= 0,
             f"placement.rollout_restarts={self.placement.rollout_restarts} must be >= 0 (0: a "

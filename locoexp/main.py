@@ -77,5 +77,7 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
             num_processes=processes,
             process_id=layout.process_id,
             bind_address=layout.bind_address,
+            timeout_s=layout.coordinator_timeout_s,
+            key="hardware.coordinator_address" if layout.coordinator_address else None,
         )
     return run_session(spec, files)

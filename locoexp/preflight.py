@@ -53,7 +53,7 @@ from locoexp.compose import experiment_sweep
 from locoexp.config import Config, DryRun
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
-from locoexp.dataset.files import check_data_files
+from locoexp.dataset.files import check_data_files, check_held_out_apart
 from locoexp.dataset.schedule import build_schedule
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind
@@ -100,6 +100,19 @@ def check_run(config: Config, *, run_dir: Path | None = None, job: list[str] | N
     # An upper bound of the training examples (long prompts are dropped later): what the rows
     # cannot give is refused here, the rest when the task is built.
     build_schedule(config.dataset, steps=config.steps, num_examples=rows)
+
+
+def start_up_warnings(config: Config) -> list[str]:
+    """Settings that are valid but do less than they seem to, one sentence each."""
+    straggler = config.rollout.straggler
+    notices = []
+    if straggler.host is not None and not straggler.active:  # a sweep's delay 0 cell, or a slip
+        notices.append(
+            f"rollout.straggler.host={straggler.host} is slowed by nothing "
+            f"(rollout.straggler.delay_s={straggler.delay_s:g}, rollout.straggler.factor="
+            f"{straggler.factor:g}): no straggler is injected; set delay_s > 0 or factor > 1."
+        )
+    return notices
 
 
 def plan(config: Config) -> str:
@@ -176,6 +189,8 @@ def check_data(dataset: DatasetConfig) -> int:
         pattern = getattr(dataset, key)
         if dataset.data_files is not None and pattern is not None:
             check_data_files(pattern, key=key, columns=columns)
+    if dataset.data_files is not None and dataset.eval_data_files is not None:
+        check_held_out_apart(dataset.data_files, dataset.eval_data_files)
     features = None
     if dataset.kind is DatasetKind.swe_agent:
         from locoexp.dataset.swe_task import FEATURES as features  # noqa: PLC0415, N811

@@ -149,7 +149,7 @@ def _a_finished_run(run_dir: Path, args: list[str]) -> None:
 def _a_rerun_with_another_learning_rate(tmp_path, stack):
     run_dir = tmp_path / "run"
     _a_finished_run(run_dir, TINY)
-    named = ["checkpoints", "algo.learning_rate", "resume=never"]
+    named = ["checkpoints", "algo.learning_rate", "a new hydra.run.dir"]
     return run_dir, ["algo.learning_rate=1e-5"], run_dir, named
 
 

@@ -20,10 +20,12 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
+from safetensors import SafetensorError
 
 from locoexp.adapter.config import AdapterConfig
 from locoexp.adapter.lora import lora_factors, saved_weights
 from locoexp.adapter.peft import write_peft_adapter
+from locoexp.errors import unwritable
 from locoexp.model.checkpoint import save_checkpoint
 from locoexp.model.config import ModelConfig
 from locoexp.tokenizer.files import write_tokenizer_files
@@ -73,12 +75,25 @@ def export_policy(
     directory = Path(directory)
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
-    write_tokenizer_files(tokenizer, partial)
-    if adapter is not None:
-        trained, config = nnx.to_pure_dict(host_adapters), adapter[0]
-        saved = saved_weights(trained, config, model)
-        write_peft_adapter(lora_factors(trained), config, model, partial / ADAPTER_DIR, saved=saved)
+    try:
+        save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
+        write_tokenizer_files(tokenizer, partial)
+        if adapter is not None:
+            trained, config = nnx.to_pure_dict(host_adapters), adapter[0]
+            saved = saved_weights(trained, config, model)
+            factors = lora_factors(trained)
+            write_peft_adapter(factors, config, model, partial / ADAPTER_DIR, saved=saved)
+    except (OSError, SafetensorError) as error:  # a full disk: no partial export left behind
+        if not isinstance(error, OSError):  # safetensors' own I/O errors only
+            if "I/O error: " not in str(error):
+                raise
+            error = OSError(None, str(error).rpartition("I/O error: ")[2])
+        shutil.rmtree(partial, ignore_errors=True)
+        kept = (
+            "no partial export was left, and the checkpoints before this step's are intact "
+            "(resuming from them exports again)"
+        )
+        raise unwritable(directory, error, kept=kept) from None
     _normal_modes(partial)
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)

@@ -191,7 +191,7 @@ def check_same_config(progress: RunProgress, digest: str, directory: Path) -> No
     keys = sorted(_differing_keys(before, now, prefix=""))
     raise ConfigError(
         f"{directory} holds a checkpoint of a run with different settings ({', '.join(keys)}); "
-        "resume with the same config, or use a new hydra.run.dir or resume=never."
+        "resume with the same config, or start this one in a new hydra.run.dir."
     )
 
 

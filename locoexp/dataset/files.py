@@ -30,6 +30,22 @@ def check_data_files(pattern: str, *, key: str, columns: tuple[str, ...]) -> Non
             raise ConfigError(f"dataset.{key}: {file} cannot be read ({error}).") from None
 
 
+def check_held_out_apart(train: str, held_out: str) -> None:
+    """No file matches both `dataset.data_files` and `dataset.eval_data_files`: the held-out
+    accuracy would score prompts the run trains on."""
+    shared = sorted(set(_matches(train)) & set(_matches(held_out)))
+    require(
+        not shared,
+        f"dataset.data_files={train} also matches {shared[0] if shared else ''}, a file of "
+        f"dataset.eval_data_files={held_out}: the held-out accuracy would score prompts the run "
+        "trains on; narrow the training glob so it leaves the evaluation file out.",
+    )
+
+
+def _matches(pattern: str) -> list[Path]:
+    return [Path(f).resolve() for f in glob.glob(pattern, recursive=True) if Path(f).is_file()]
+
+
 def _check_file(file: Path, columns: tuple[str, ...]) -> None:
     require(file.stat().st_size > 0, "is empty; give a file with at least one row.")
     match file.suffix.lower():

@@ -57,6 +57,10 @@ class HardwareConfig:
     # slice's environment; with hardware=cpu the launcher starts every host on this machine.
     coordinator_address: str | None = None
     process_id: int | None = None
+    # Seconds a host waits for the jax.distributed group to assemble (every host registered with
+    # the coordinator) before the run ends with a sentence naming the coordinator's address;
+    # JAX's own default, which covers hosts that a cluster starts a few minutes apart.
+    coordinator_timeout_s: int = 300
 
     @property
     def devices_per_host(self) -> int:
@@ -112,6 +116,11 @@ class HardwareConfig:
                     f"hardware.bind_address={self.bind_address} is not an IP address; give one "
                     "such as 127.0.0.1, this machine's cluster-network address, or 0.0.0.0."
                 ) from None
+        require(
+            self.coordinator_timeout_s >= 1,
+            f"hardware.coordinator_timeout_s={self.coordinator_timeout_s} must be a positive "
+            "number of seconds.",
+        )
         require(
             0 <= self.coordinator_port < 65536,
             f"hardware.coordinator_port={self.coordinator_port} must be in [0, 65535].",

@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from locoexp.errors import ConfigError
+from locoexp.errors import unwritable
 
 
 def _plain(value: Any) -> Any:
@@ -34,11 +34,8 @@ class MetricsFile:
             self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
             self._file.flush()
         except OSError as error:  # a full disk: one sentence, the lines before it intact
-            raise ConfigError(
-                f"{self.path} could not be written ({error.strerror}); its earlier lines are "
-                "intact (a cut last line is skipped when read): free space or move the run "
-                "directory, then rerun the same command to resume from its last checkpoint."
-            ) from None
+            kept = "its earlier lines are intact (a cut last line is skipped when read)"
+            raise unwritable(self.path, error, kept=kept) from None
 
     def close(self) -> None:
         # every line was flushed as written, so only the line `write` reported can be pending;

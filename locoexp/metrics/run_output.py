@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from locoexp.errors import ConfigError
 from locoexp.metrics.config import LoggerConfig
 from locoexp.metrics.cost import Checkpoint, compute_cost_to_learn
 from locoexp.metrics.record import MetricsFile, Progress, cut_back, format_summary
@@ -113,10 +114,11 @@ class RunOutput:
         print(format_summary(summary), flush=True)
         return summary
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
+        """`failed`: the run ends with an error of its own, which closing must not replace."""
         self.bar.close()
         self.metrics_file.close()
-        self.logger.finish()
+        self.logger.finish(failed=failed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +151,13 @@ class RunFiles:
         )
         try:
             yield output
-        finally:
+        except ConfigError:  # its one sentence ends the run (a full disk): closing stays quiet
+            output.close(failed=True)
+            raise
+        except BaseException:
             output.close()
+            raise
+        output.close()
 
 
 def summarize_steps(records: list[dict], window: SteadyWindow | None = None) -> dict[str, float]:

@@ -24,22 +24,29 @@ This module must not write metrics.jsonl (the step engine does), and must be bui
 process only (the first host): W&B runs are per job, not per host.
 """
 
+import contextlib
 import dataclasses
 import enum
 import functools
+import logging
 import netrc
 import os
 import secrets
 import sys
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from locoexp.errors import ConfigError
+from locoexp.errors import ConfigError, unwritable
 from locoexp.metrics.config import LoggerConfig, LoggerKind, WandbMode
 from locoexp.network import PROBE_TIMEOUT_S, answers
 
 RUN_ID_FILE = "wandb_run_id"
+WANDB_DIR = "wandb"  # W&B's own files, under the run directory
+# What a W&B run's files take before its first steps (metadata, logs, the config, a first
+# history chunk; about 100 KiB for the tiny model), with room to spare
+WANDB_ROOM_BYTES = 2**20
 STEP_KEY = "step"  # the x axis of every panel: the global step, as in metrics.jsonl
 DEFAULT_WANDB_HOST = "https://api.wandb.ai"  # also W&B's upstream for its default Forge host
 # W&B's environment variables (`wandb.env`), named here so that a run with `logger=none`, every
@@ -60,7 +67,7 @@ class NullLogger:
     def summary(self, values: dict[str, Any]) -> None:
         pass
 
-    def finish(self) -> None:
+    def finish(self, *, failed: bool = False) -> None:
         pass
 
 
@@ -88,18 +95,31 @@ class WandbLogger:
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update(values)
 
-    def finish(self) -> None:
+    def finish(self, *, failed: bool = False) -> None:
         """Finish the run and return once its records are in `<run_dir>/wandb/`: `run.finish`
         waits for the exit record, but closing the run's file is only requested of the
         wandb-core service (`inform_finish`, not awaited), and until then the file may hold
         none of the run's history (seen: a 7-byte file right after `finish`, every row a
-        second later). `wandb.teardown` stops the service, which closes every run's file."""
-        if not self._finished:
-            self._finished = True
-            self.run.finish()
-            import wandb  # noqa: PLC0415  (imported already: this run is a wandb.Run)
+        second later). `wandb.teardown` stops the service, which closes every run's file. `failed`:
+        the run is ending with an error of its own; W&B's own errors are not raised over it."""
+        if self._finished:
+            return
+        self._finished = True
+        import wandb  # noqa: PLC0415  (imported already: this run is a wandb.Run)
 
+        if not failed:
+            self.run.finish()
             wandb.teardown()
+            return
+        # The run ends with its own sentence (a full disk, say): W&B's errors closing its files
+        # on that disk, and the tracebacks its log handlers print, must not follow it.
+        raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            with contextlib.suppress(Exception):
+                self.run.finish(exit_code=1)
+                wandb.teardown()
+        finally:
+            logging.raiseExceptions = raise_exceptions
 
 
 def build_logger(
@@ -144,6 +164,7 @@ def start_wandb_run(
     import wandb  # noqa: PLC0415  (module constants above)
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_room(run_dir / WANDB_DIR)
     return wandb.init(
         project=config.project,
         entity=config.entity,
@@ -157,6 +178,20 @@ def start_wandb_run(
         resume="allow",
         mode=checked_mode(config),
     )
+
+
+def check_room(directory: Path) -> None:
+    """`directory` takes `WANDB_ROOM_BYTES`: W&B's service process drops what a full disk
+    refuses without a word (its history file stays empty) while its log handlers print a
+    traceback a line, so a disk without room for its first files is refused before it starts."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(bytes(WANDB_ROOM_BYTES))
+            probe.flush()  # writes until every byte is down (a raw write may stop short)
+    except OSError as error:
+        kept = "the run's checkpoints and metrics.jsonl are intact (or run with logger=none)"
+        raise unwritable(directory, error, kept=kept) from None
 
 
 def load_or_create_run_id(run_dir: Path) -> str:

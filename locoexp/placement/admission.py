@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from locoexp.dataset.task import Example, Task
+from locoexp.errors import unwritable
 from locoexp.rollout.requests import Request, RequestQueue
 
 
@@ -97,8 +98,12 @@ class AdmissionLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, step: int, record: AdmissionRecord) -> None:
-        with self.path.open("a") as file:
-            file.write(json.dumps({"step": step, **dataclasses.asdict(record)}) + "\n")
+        try:
+            with self.path.open("a") as file:
+                file.write(json.dumps({"step": step, **dataclasses.asdict(record)}) + "\n")
+        except OSError as error:  # a full disk: one sentence, the records before it intact
+            kept = "its earlier records and the run's checkpoints are intact"
+            raise unwritable(self.path, error, kept=kept) from None
 
 
 RENDEZVOUS_ENV = "LOCOEXP_ADMISSION_RENDEZVOUS"

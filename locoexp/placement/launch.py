@@ -20,6 +20,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +31,8 @@ LOOPBACK = "127.0.0.1"
 # jax's Cloud TPU cluster detection puts process 0's coordinator on this port
 # (jax/_src/clusters/cloud_tpu_cluster.py, `coordinator_port`).
 JAX_TPU_COORDINATOR_PORT = 8482
+JOIN_TIMEOUT_S = 300  # jax.distributed.initialize's own `initialization_timeout` default
+JOIN_GRACE_S = 10  # JAX's own timeout is this much later than ours: ours speaks first
 
 
 def cpu_device_flags(count: int) -> str:
@@ -64,27 +67,113 @@ def initialize_distributed(
     num_processes: int,
     process_id: int | None,
     bind_address: str | None = None,
+    timeout_s: int = JOIN_TIMEOUT_S,
+    key: str | None = None,
 ) -> None:
     """Join the run's `jax.distributed` group (gloo collectives on CPU). A no-op for one process
     with no coordinator; with `coordinator=None` on TPU, JAX reads the slice's environment.
 
     `bind_address`: the interface process 0's coordinator listens on (None: all interfaces, JAX's
-    default); passed explicitly so that nothing of a local run listens beyond loopback."""
+    default); passed explicitly so that nothing of a local run listens beyond loopback.
+    `timeout_s`: how long the group may take to assemble; past it the process ends with one
+    sentence naming `coordinator` (and `key`, the config key that gave it) and exit code 2,
+    where JAX would abort with a C++ check failure."""
     import jax  # noqa: PLC0415  (after configure_cpu_devices)
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    deadline = JoinDeadline(timeout_s, coordinator, key=key, process_id=process_id)
     if coordinator is None:
         if num_processes > 1:  # a TPU slice: the cluster's environment says who we are
             bind = bind_address and host_port(bind_address, JAX_TPU_COORDINATOR_PORT)
-            jax.distributed.initialize(coordinator_bind_address=bind)
+            with deadline.watch():
+                jax.distributed.initialize(
+                    coordinator_bind_address=bind, initialization_timeout=deadline.jax_timeout_s()
+                )
         return
+    if process_id != 0:  # host 0 serves the coordinator; the others wait until it listens
+        deadline.wait_for_listener()
     port = coordinator.rsplit(":", 1)[1]
-    jax.distributed.initialize(
-        coordinator_address=coordinator,
-        num_processes=num_processes,
-        process_id=process_id,
-        coordinator_bind_address=bind_address and host_port(bind_address, port),
-    )
+    with deadline.watch():
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            coordinator_bind_address=bind_address and host_port(bind_address, port),
+            initialization_timeout=deadline.jax_timeout_s(),
+        )
+
+
+class JoinDeadline:
+    """The time a host has to join its group. JAX's `initialize` cannot be interrupted and,
+    past its `initialization_timeout`, aborts the process with a C++ check failure (a stack
+    trace that names no key); so it is given a few seconds more than what is left, and a timer
+    ends the process first with the sentence (the call releases the GIL while it waits)."""
+
+    def __init__(self, timeout_s: int, coordinator: str | None, *, key, process_id) -> None:
+        self.timeout_s, self.end = timeout_s, time.monotonic() + timeout_s
+        where = coordinator or "the address the TPU slice's environment names"
+        named = f"{key}={coordinator}" if key else f"the coordinator at {where}"
+        self.host = "this host" if process_id is None else f"host {process_id}"
+        self.where = f"the jax.distributed coordinator ({named})"
+        self.coordinator, self.key = coordinator, key
+
+    def jax_timeout_s(self) -> int:
+        return int(max(0.0, self.end - time.monotonic())) + JOIN_GRACE_S
+
+    def _fix(self) -> str:
+        given = self.key or "the coordinator's address"
+        return (
+            f"start every host, check that {given} is host 0's reachable address:port, or raise "
+            f"hardware.coordinator_timeout_s={self.timeout_s}."
+        )
+
+    def wait_for_listener(self) -> None:
+        """Return once something listens at the coordinator's address; raise `ConfigError` if
+        nothing does before the deadline."""
+        from locoexp.errors import ConfigError  # noqa: PLC0415
+
+        host, port = self.coordinator.rsplit(":", 1)
+        said = False
+        while True:
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+                    return
+            except OSError as error:
+                if time.monotonic() >= self.end:
+                    reason = error.strerror or str(error)
+                    raise ConfigError(
+                        f"{self.host} found nothing listening at {self.where} within "
+                        f"{self.timeout_s} s ({reason}): {self._fix()}"
+                    ) from None
+            if not said:  # one line, not silence, while host 0 starts
+                said = True
+                print(
+                    f"{self.host}: waiting up to {self.timeout_s} s "
+                    f"(hardware.coordinator_timeout_s) for {self.where} to listen",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(min(1.0, max(0.0, self.end - time.monotonic())))
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Within this block, the deadline ends the process with its sentence and exit code 2."""
+        message = (
+            f"error: {self.host} could not join the run's group at {self.where} within "
+            f"{self.timeout_s} s (not every one of its hosts registered): {self._fix()}"
+        )
+
+        def expire() -> None:
+            print(message, file=sys.stderr, flush=True)
+            os._exit(2)
+
+        timer = threading.Timer(max(0.0, self.end - time.monotonic()), expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 def _die_with_parent() -> None:
@@ -104,23 +193,23 @@ def _process_main(
 ) -> None:
     _die_with_parent()
     configure_cpu_devices(devices)
-    if num_processes > 1:
-        initialize_distributed(
-            coordinator=coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            bind_address=bind_address,
-        )
-    else:
-        import jax  # noqa: PLC0415
-
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from locoexp.checkpoint.stop import RunStopped  # noqa: PLC0415
     from locoexp.errors import ConfigError  # noqa: PLC0415
 
     # On failure, exit at once: a normal exit would first wait on jax.distributed's shutdown
     # barrier for the hosts that are still running.
     try:
+        if num_processes > 1:
+            initialize_distributed(
+                coordinator=coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                bind_address=bind_address,
+            )
+        else:
+            import jax  # noqa: PLC0415
+
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         target(*args)
     except RunStopped as stopped:  # every host checkpointed the same step; the parent reports
         sys.stdout.flush()

@@ -39,6 +39,7 @@ class Layout:
     # environment names both)
     coordinator_address: str | None = None
     process_id: int | None = None
+    coordinator_timeout_s: int = 300  # how long the group may take to assemble
     # da only: the Ray cluster (None: a local one), each rollout host's restart budget, and the
     # local cluster's object store (planner.plan.object_store_bytes; None: Ray's default)
     ray_address: str | None = None

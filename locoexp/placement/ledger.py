@@ -8,11 +8,13 @@ them, as `metrics.jsonl` is cut back, so a step redone after a loss appears once
 nor JAX: the driver holds it, the transport (`ray_transport.py`) feeds it.
 """
 
+import contextlib
 import json
 from pathlib import Path
 
 from locoexp.checkpoint.progress import LedgerRow, RolloutRestart, TrainedBatch
 from locoexp.dataset.schedule import PromptSchedule
+from locoexp.errors import unwritable
 from locoexp.placement.halves import TrainResult
 
 
@@ -30,6 +32,7 @@ class BatchLedger:
         self.max_staleness = max_staleness
         self.rows: list[LedgerRow] = []
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
         self._file = path.open("w", encoding="utf-8")
         for row in rows:
             self._write(row)
@@ -76,8 +79,18 @@ class BatchLedger:
 
     def _write(self, row: LedgerRow) -> None:
         self.rows.append(row)
-        self._file.write(json.dumps(row.to_json()) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row.to_json()) + "\n")
+            self._file.flush()
+        except OSError as error:  # a full disk: the rows are in the checkpoints too
+            kept = (
+                "its earlier rows are intact, and every checkpoint holds the rows up to its step "
+                "(a resumed run rewrites the file from them)"
+            )
+            raise unwritable(self._path, error, kept=kept) from None
 
     def close(self) -> None:
-        self._file.close()
+        # every row was flushed as written, so only the row `_write` reported can be pending;
+        # its error must not replace that sentence while the run ends
+        with contextlib.suppress(OSError):
+            self._file.close()

@@ -31,6 +31,7 @@ def build_layout_of(config: Config) -> Layout:
         bind_address=hw.listen_address(multi_machine=multi_machine),
         coordinator_address=hw.coordinator_address,
         process_id=hw.process_id,
+        coordinator_timeout_s=hw.coordinator_timeout_s,
     )
     if placement.kind is PlacementKind.da:
         meeting |= dict(

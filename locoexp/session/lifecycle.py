@@ -190,13 +190,15 @@ class SessionHooks:
             scored=list(self.output.checkpoints) if self.output else [],
             resumed_at_s=self.resumed_at_s,
         )
-        wait = stopping or updates == steps
-        self.transport.checkpoint(self.survival.checkpoints, progress, wait=wait)
+        # the export first: one that cannot be written (a full disk) ends the run before this
+        # step's checkpoint, so resuming trains from the one before and exports again
         if updates in self.survival.export_at or updates == steps:
             final = None if updates == steps else updates
             directory = policy_directory(self.survival.run_dir, updates=final)
             model = self.spec.halves.model
             self.transport.export(directory, model=model, tokenizer=self.tokenizer)
+        wait = stopping or updates == steps
+        self.transport.checkpoint(self.survival.checkpoints, progress, wait=wait)
 
     def last_checkpoint(self) -> str | None:
         step = latest_saved_step(self.survival.run_dir)  # from the files: da's trainers save them
