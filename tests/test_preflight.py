@@ -237,7 +237,7 @@ def test_rows_datasets_rejects_become_one_sentence_naming_the_files(tmp_path, co
     monkeypatch.setattr(datasets, "load_dataset", reject)
     good = good_rows(tmp_path)
     with pytest.raises(ConfigError) as error:
-        check_run(compose(data(good, good)))
+        check_run(compose(data(good, good_rows(tmp_path, "held_out.jsonl"))))
     message = str(error.value)
     assert f"dataset.data_files={good}" in message and "Invalid value. in row 3" in message
 
@@ -497,6 +497,6 @@ def test_a_bad_job_of_a_sweep_is_refused_before_any_runs(tmp_path):
         "-m",
         *GSM8K,
         f"dataset.data_files={good},{bad}",
-        f"dataset.eval_data_files={good}",
+        f"dataset.eval_data_files={good_rows(tmp_path, 'held_out.jsonl')}",
     )
     assert_refused(result, tmp_path, str(bad), "line 1")

@@ -105,7 +105,11 @@ def _advice(setup: Setup, role: str, roles, confirmed) -> str:
                 peaks += " GiB per device"
             advice = f"; it fits with {label} (compiled: {peaks}, fits (XLA))"
         elif tried:
-            advice = f"; the plan's proposals {' and '.join(tried)} do not fit either (compiled)"
+            advice = (
+                f"; the plan's proposals {' and '.join(tried)} do not fit either (compiled): "
+                "lower dataset.max_prompt_tokens and dataset.max_new_tokens, use a smaller "
+                "model, or a machine (or slice) with more memory"
+            )
     return advice
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import os
 
-from locoexp.adapter.config import AdapterConfig
+from locoexp.adapter.config import AdapterConfig, adapted_targets
 from locoexp.dataset.config import DatasetConfig
 from locoexp.hardware.config import HardwareConfig
 from locoexp.model.config import ModelConfig
@@ -215,7 +215,7 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         xla_cpu=cpu,
         adapter_parameters=setup.adapter.count_parameters(m),
         adapter_saved_parameters=setup.adapter.count_saved(m),
-        adapter_rank_per_block=setup.adapter.rank * len(setup.adapter.targets)
+        adapter_rank_per_block=setup.adapter.rank * len(adapted_targets(setup.adapter, m))
         if setup.adapter.trains_adapters
         else 0,
         expert_parallel=setup.trainer.expert_parallel,
