@@ -286,7 +286,8 @@ def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
         for notice in start_up_warnings(config):
             named = f"job {' '.join(job)}: {notice}" if len(jobs) > 1 else notice
             print(f"warning: {named}", file=sys.stderr, flush=True)
-        if config.dry_run is DryRun.compile:  # libtpu and the slice, before any compile starts
+        tpu = config.hardware.chip is not ChipKind.cpu
+        if config.dry_run is DryRun.compile and tpu:  # libtpu and the slice, before compiling
             from locoexp.compiled.topology import topology_devices  # noqa: PLC0415
 
             try:

@@ -128,23 +128,35 @@ def plan(config: Config) -> str:
 
 
 def compiled(config: Config, job: list[str] | None = None) -> str:
-    """The `dry_run=compile` report: every program compiled for the run's slice by XLA; a run
-    that does not fit (given its command line `job`) also compiles the plan's proposals."""
+    """The `dry_run=compile` report: every program compiled by XLA for the run's TPU slice, or
+    (`hardware=cpu`) for this machine's CPU; a run that does not fit (given its command line
+    `job`) also compiles the plan's proposals."""
     from locoexp.compiled.report import describe_compiled  # noqa: PLC0415
-    from locoexp.compiled.verdict import compile_run, confirm_proposals  # noqa: PLC0415
+    from locoexp.compiled.verdict import confirm_proposals  # noqa: PLC0415
 
-    result = compile_run(config)
-    confirmed = None if result.fits or job is None else confirm_proposals(job, result)
+    compile_job = _compiler(config)
+    result = compile_job(config)
+    confirmed = None
+    if not result.fits and job is not None:
+        confirmed = confirm_proposals(job, result, compile_job=compile_job)
     return describe_compiled(result, plan_setup(config), confirmed)
+
+
+def _compiler(config: Config):
+    """`compile_run` for a TPU slice (libtpu's topology, in this process); for `hardware=cpu`
+    the same in a child process with the run's CPU devices (this one keeps its backend)."""
+    from locoexp.compiled.startup import compile_in_child  # noqa: PLC0415
+    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
+
+    return compile_in_child if config.hardware.chip is ChipKind.cpu else compile_run
 
 
 def _summary(config: Config) -> str:
     if config.dry_run is not DryRun.compile:
         return summarize_plan(plan_setup(config))
     from locoexp.compiled.report import summarize_compiled  # noqa: PLC0415
-    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
 
-    return summarize_compiled(compile_run(config))
+    return summarize_compiled(_compiler(config)(config))
 
 
 def dry_run_report(jobs: list[tuple[list[str], Config]], *, echo=None) -> str:

@@ -6,6 +6,7 @@ on a TPU and nothing runs. The compile of a Qwen3-0.6B-shaped cell takes about a
 cores.
 """
 
+import dataclasses
 import subprocess
 import sys
 
@@ -112,10 +113,16 @@ def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that
     assert "it fits with trainer.accumulate=true (compiled:" in verdict, verdict
 
 
-def test_compile_without_a_tpu_slice_or_libtpu_is_refused_in_one_sentence(monkeypatch):
+def test_hardware_cpu_compiles_with_xla_for_cpu_and_a_slice_needs_libtpu(monkeypatch):
     result = run_py("dry_run=compile")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "choose a hardware=tpu_* preset" in result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "compiled for cpu (1 devices) with XLA for CPU" in result.stdout, result.stdout
+    assert "local processes together" in result.stdout and "fits (XLA)" in result.stdout
+    no_topology = dataclasses.replace(
+        compose_config(["hardware=tpu_v7x_8"]).hardware, topology=None
+    )
+    with pytest.raises(ConfigError, match=r"choose a hardware=tpu_\* preset"):
+        topology.topology_name(no_topology)
     hardware = compose_config(["hardware=tpu_v7x_8"]).hardware
     monkeypatch.setattr(topology, "libtpu_installed", lambda: False)
     with pytest.raises(ConfigError, match=r'pip install "jax\[tpu\]==0.10.2"'):
