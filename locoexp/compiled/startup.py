@@ -23,6 +23,7 @@ returned before the run allocates. Its verdict is kept for this process (`judged
 that `session.build.build_spec`, called again by `main.run`, follows XLA rather than the plan.
 """
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -101,8 +102,6 @@ def _shrink(config: Config, result):
     where the role's compiled peak, read as linear in the size above what does not grow with
     it (weights, optimizer state), meets the memory, then by halves (`_SHRINK_TRIES` compiles).
     Returns (the config, XLA's result) or None."""
-    import dataclasses  # noqa: PLC0415
-
     role = (
         result.refusals[0].role
         if result.refusals
