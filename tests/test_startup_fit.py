@@ -13,6 +13,15 @@ from locoexp.planner.fit import paper_layout
 from locoexp.session.build import build_spec, plan_setup
 
 HUGE_RANK = ["adapter=lora", "adapter.rank=1000000"]  # the adapters alone outgrow 24 GiB
+# A rank XLA cannot fit on a stated half-GiB device, at sizes the user fixed (nothing to shrink):
+# the same refusal as HUGE_RANK's on this machine, at a tiny run's compile cost.
+HALF_GIB = [
+    "adapter=lora",
+    "adapter.rank=16384",
+    "hardware.memory_per_device_gib=0.5",
+    "trainer.micro_batch_rows=4",
+    "rollout.capacity=32",
+]
 
 
 def test_a_small_run_is_decided_by_the_plan_alone():
@@ -58,11 +67,12 @@ def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypat
     """The plan once said "fits" for ranks whose step then failed allocating (issue 44); now
     the plan counts the rank and XLA's compile (a real one, in the child process) decides."""
     monkeypatch.setattr(startup, "_JUDGED", {})
-    config = compose_config(HUGE_RANK)
+    config = compose_config(HALF_GIB)
     with pytest.raises(ConfigError) as refused:
         startup.check_memory(config)
     sentence = str(refused.value)
     assert "XLA compiled the run's programs for cpu before allocating anything" in sentence
-    assert "GiB together" in sentence and "the plan estimated" in sentence
+    assert "the trainer needs" in sentence and "more than the device's 0.50" in sentence
+    assert "the plan estimated" in sentence
     assert "\n" not in sentence
     assert startup.judged(config) is None  # build_spec keeps the plan's refusal
