@@ -46,6 +46,7 @@ class RunTraits:
     adapter: AdapterKind
     engine: EngineKind
     dataset: DatasetKind
+    local_files: bool  # dataset.data_files: the rows come from local files, not the Hub
     placement: PlacementKind
     hosts: int  # resolved (`Config.hosts`)
     tpu: bool  # hardware.chip is a TPU
@@ -123,6 +124,11 @@ GEMMA4 = When(
     "model.family=gemma4",
     lambda r: r.family is Family.gemma4,
     lambda r: f"model.family={r.family.value}",
+)
+QWEN3_MOE = When(
+    "qwen3-family mixture-of-experts models (Gemma4's router always normalises its top k)",
+    lambda r: r.family is Family.qwen3 and r.moe,
+    _model,
 )
 MOE = When(
     "mixture-of-experts models (model.num_experts > 0)",
@@ -215,6 +221,12 @@ FILES = When(
     lambda r: r.dataset in _FILES,
     _dataset,
 )
+LOCAL_FILES = When(
+    "local training files (dataset.data_files set; a Hub source's held-out split is "
+    "dataset.eval_split)",
+    lambda r: r.dataset in _FILES and r.local_files,
+    lambda r: f"dataset={r.dataset.value}, dataset.data_files=null",
+)
 MATH = When(
     "dataset=gsm8k, numinamath_cot or openmathinstruct2 (SWE prompts are the trajectory itself)",
     lambda r: r.dataset in _FILES and r.dataset is not DatasetKind.swe_agent,
@@ -249,7 +261,7 @@ APPLIES: dict[str, Row] = {
     "model.compute_dtype": Row(DENSE_QWEN3),
     "model.experts_per_token": Row(MOE),
     "model.expert_mlp_dim": Row(MOE),
-    "model.normalize_top_k": Row(MOE),
+    "model.normalize_top_k": Row(QWEN3_MOE),
     "model.router_aux_loss_coef": Row(MOE),
     "model.sliding_window": Row(GEMMA4),
     "model.global_attention_every": Row(GEMMA4),
@@ -285,7 +297,7 @@ APPLIES: dict[str, Row] = {
     "dataset.name": Row(FILES),
     "dataset.revision": Row(FILES),
     "dataset.data_files": Row(FILES),
-    "dataset.eval_data_files": Row(FILES),
+    "dataset.eval_data_files": Row(LOCAL_FILES),
     "dataset.train_split": Row(FILES),
     "dataset.eval_split": Row(FILES),
     "dataset.max_train_rows": Row(FILES),

@@ -153,6 +153,7 @@ class Config:
             adapter=self.adapter.kind,
             engine=self.rollout.engine,
             dataset=self.dataset.kind,
+            local_files=self.dataset.data_files is not None,
             placement=self.placement.kind,
             hosts=self.hosts,
             tpu=self.hardware.chip is not ChipKind.cpu,

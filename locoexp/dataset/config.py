@@ -54,10 +54,11 @@ class SyntheticTaskConfig:
         space = self.num_symbols**self.num_digits
         require(
             self.train_size + self.held_out_size <= space,
-            f"dataset.synthetic.train_size + held_out_size = "
+            f"dataset.synthetic.train_size + dataset.synthetic.held_out_size = "
             f"{self.train_size + self.held_out_size} "
-            f"exceeds the {space} distinct prompts of {self.num_digits} digits over "
-            f"{self.num_symbols} symbols.",
+            f"exceeds the {space} distinct prompts of dataset.synthetic.num_digits="
+            f"{self.num_digits} digits over dataset.synthetic.num_symbols={self.num_symbols} "
+            "symbols.",
         )
 
 

@@ -138,8 +138,10 @@ class HardwareConfig:
             "2x2 (v5e, v6e) or 2x2x2 (v5p, v7x).",
         )
         chips = math.prod(int(d) for d in dims)
+        if self.hosts is None:  # hardware=cpu: refused there (`locoexp.applies`)
+            return
         require(
-            self.hosts is None or chips == self.chips,
+            chips == self.chips,
             f"hardware.topology={self.topology} has {chips} chips but hardware.hosts="
             f"{self.hosts} x hardware.chips_per_host={self.chips_per_host} is {self.chips}: "
             "choose a hardware=tpu_* preset, or set them to agree.",

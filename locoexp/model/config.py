@@ -150,7 +150,10 @@ class ModelConfig:
             return
         for key in ("sliding_window", "global_attention_every", "global_head_dim"):
             value = getattr(self, key)
-            require(value >= 1, f"model.{key}={value} must be a positive integer for Gemma4.")
+            require(
+                value >= 1,
+                f"model.{key}={value} must be a positive integer for Gemma4 (model.family=gemma4).",
+            )
         require(
             self.global_kv_heads >= 1 and self.num_heads % self.global_kv_heads == 0,
             f"model.global_kv_heads={self.global_kv_heads} must divide model.num_heads="
