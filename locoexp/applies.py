@@ -88,6 +88,14 @@ def _model(r: RunTraits) -> str:
     return f"model.family={r.family.value}, {'MoE' if r.moe else 'dense'}{scaled}"
 
 
+def _family(r: RunTraits) -> str:
+    return f"model.family={r.family.value}"
+
+
+def _engine(r: RunTraits) -> str:
+    return f"rollout={r.engine.value}"
+
+
 def _engine_and_model(r: RunTraits) -> str:
     return f"rollout={r.engine.value}, {'MoE' if r.moe else 'dense'}"
 
@@ -108,7 +116,7 @@ def _dataset(r: RunTraits) -> str:
 QWEN3 = When(
     "model.family=qwen3",
     lambda r: r.family is Family.qwen3,
-    lambda r: f"model.family={r.family.value}",
+    _family,
 )
 ROPE_SCALED = When(
     "qwen3-family models with Llama-3.1 RoPE scaling (model.rope_scaling_factor > 1)",
@@ -123,7 +131,7 @@ DENSE_QWEN3 = When(
 GEMMA4 = When(
     "model.family=gemma4",
     lambda r: r.family is Family.gemma4,
-    lambda r: f"model.family={r.family.value}",
+    _family,
 )
 QWEN3_MOE = When(
     "qwen3-family mixture-of-experts models (Gemma4's router always normalises its top k)",
@@ -138,12 +146,8 @@ MOE = When(
 LORA = When(
     "adapter=lora", lambda r: r.adapter is AdapterKind.lora, lambda r: f"adapter={r.adapter.value}"
 )
-JAX = When(
-    "rollout=jax", lambda r: r.engine is EngineKind.jax, lambda r: f"rollout={r.engine.value}"
-)
-VLLM = When(
-    "rollout=vllm", lambda r: r.engine is EngineKind.vllm, lambda r: f"rollout={r.engine.value}"
-)
+JAX = When("rollout=jax", lambda r: r.engine is EngineKind.jax, _engine)
+VLLM = When("rollout=vllm", lambda r: r.engine is EngineKind.vllm, _engine)
 JAX_MOE = When(
     "rollout=jax on mixture-of-experts models (model.num_experts > 0)",
     lambda r: r.engine is EngineKind.jax and r.moe,
