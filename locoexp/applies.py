@@ -226,8 +226,8 @@ FILES = When(
     _dataset,
 )
 LOCAL_FILES = When(
-    "local training files (dataset.data_files set; a Hub source's held-out split is "
-    "dataset.eval_split)",
+    FILES.where + " with local training files (dataset.data_files set; a Hub source's held-out "
+    "split is dataset.eval_split)",
     lambda r: r.dataset in _FILES and r.local_files,
     lambda r: f"dataset={r.dataset.value}, dataset.data_files=null",
 )
