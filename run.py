@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
     sweep = hydra_cfg.sweep.dir if hydra_cfg.mode.name == "MULTIRUN" else None
     config = to_config(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved["hardware"]["chips"] = config.hardware.chips  # derived; W&B groups runs by it
+    resolved["hardware"]["chips"] = config.resolved_hardware.chips  # derived; W&B groups runs by it
     try:
         # the sweep's date/time directory names the W&B group of a multirun
         run(

@@ -2,9 +2,9 @@
 
 `locoexp.compose` composes YAML with Hydra and converts it into this dataclass; everything below
 `locoexp.main` receives only the sub-config or runtime object it needs. Cross-group invariants
-(placement vs split, batch vs hosts) are checked here, and every placement key and lever is
-honoured or refused in one place (`Config._check_placement_keys`), so a bad run fails before
-anything is allocated or written.
+(placement vs split, batch vs hosts) are checked here, and every key this run does not read is
+refused by the one table of `locoexp.applies`, so a bad run fails before anything is allocated
+or written. Nothing is written back: `hardware.hosts: null` is resolved by `Config.hosts`.
 """
 
 import dataclasses
@@ -14,6 +14,7 @@ from typing import Any
 
 from locoexp.adapter.config import AdapterConfig, check_targets
 from locoexp.algo.config import AlgoConfig
+from locoexp.applies import RunTraits, refuse_unread_keys
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import require
@@ -120,19 +121,54 @@ class Config:
         )
         check_attention_backend(self.trainer.attention, self.hardware.platform)
         check_remat_backend(self.trainer.remat, self.hardware.platform)
+        refuse_unread_keys(self, self.traits)  # a key this run does not read (locoexp.applies)
         check_targets(self.adapter, self.model)  # LoRA on the projections the model has
-        if self.hardware.hosts is None:  # hardware=cpu: the smallest count the run needs
-            self.hardware.hosts = minimal_hosts(
-                disaggregated=self.placement.kind is PlacementKind.da, split=self.split
-            )
         self._check_placement()
-        self._check_placement_keys()
+        self._check_placement_values()
         self._check_straggler()
+
+    @property
+    def hosts(self) -> int:
+        """H: `hardware.hosts`, or (`hardware.hosts: null`, hardware=cpu) the smallest count the
+        placement and split need. Resolved here, never written back into `hardware`."""
+        if self.hardware.hosts is not None:
+            return self.hardware.hosts
+        return minimal_hosts(
+            disaggregated=self.placement.kind is PlacementKind.da, split=self.split
+        )
+
+    @property
+    def resolved_hardware(self) -> HardwareConfig:
+        """A copy of `hardware` with `hosts` resolved, what the plan and the compile read."""
+        return dataclasses.replace(self.hardware, hosts=self.hosts)
+
+    @property
+    def traits(self) -> RunTraits:
+        """What decides which keys this run reads (`locoexp.applies`)."""
+        m, straggler = self.model, self.rollout.straggler
+        return RunTraits(
+            family=m.family,
+            moe=m.moe,
+            rope_scaled=m.rope_scaling_factor != 1.0,
+            adapter=self.adapter.kind,
+            engine=self.rollout.engine,
+            dataset=self.dataset.kind,
+            local_files=self.dataset.data_files is not None,
+            placement=self.placement.kind,
+            hosts=self.hosts,
+            tpu=self.hardware.chip is not ChipKind.cpu,
+            cluster_launched=self.hardware.cluster_launched,
+            attention=self.trainer.attention,
+            accumulate=self.trainer.accumulate,
+            advantage=self.algo.advantage,
+            logger=self.logger.kind,
+            straggler=straggler.active,
+        )
 
     def _check_straggler(self) -> None:
         """`rollout.straggler.host` names one of the run's rollout hosts: every host under co,
         the single controller's one process, the rollout hosts under da."""
-        host, hosts, kind = self.rollout.straggler.host, self.hardware.hosts, self.placement.kind
+        host, hosts, kind = self.rollout.straggler.host, self.hosts, self.placement.kind
         match kind:
             case PlacementKind.da:
                 rollout_hosts = hosts - (trainer_hosts(self.split, hosts) or 0)
@@ -148,13 +184,7 @@ class Config:
 
     def _check_placement(self) -> None:
         """Split and batch shapes per placement: whole GRPO groups per rollout host."""
-        hosts, kind = self.hardware.hosts, self.placement.kind
-        if kind is not PlacementKind.da:
-            require(
-                self.split is None,
-                f"split={self.split} only applies to placement=da, not placement={kind.value}; "
-                "remove it or set placement=da.",
-            )
+        hosts, kind = self.hosts, self.placement.kind
         if kind is PlacementKind.co:
             require(
                 self.dataset.prompts_per_step % hosts == 0,
@@ -193,68 +223,20 @@ class Config:
             f"be divisible by the {trainers} trainer hosts of placement=da.",
         )
 
-    def _check_placement_keys(self) -> None:
-        """Every placement key and lever is honoured or refused here. Where each acts:
-        - O1 `opt.metrics_off_barrier`: co, single_controller (the row exchange carries the
-          previous step's metrics). Refused under da: its hosts report to the Ray driver and
-          share no per-host metrics barrier to leave (`conf/placement/da.yaml` turns it off).
-        - O2 `opt.freeze_gc`: every placement (the loop's process and, under da, every actor).
-        - O3 `opt.balance_prompts`: every placement (admission).
-        - O4 `opt.publish_in_one_call`: every placement (co: the gather into the engine; da: the
-          trainer's gather and the rollout host's load).
-        - `hardware.coordinator_port`: the local launcher (hardware=cpu) and the da trainer
-          group; refused on a TPU slice under co and single_controller, whose coordinator the
-          cluster names.
-        - `hardware.coordinator_address`, `hardware.process_id`: co (one process per host, the
-          hosts started by a cluster); refused under single_controller (one process) and da
-          (its trainer group meets through Ray).
-        - `placement.ray_address`, `placement.rollout_restarts`,
-          `placement.rollout_restart_timeout_s`, `placement.max_staleness`: da
-          only (their defaults elsewhere; co and single_controller are on-policy).
-        - `rollout.release_weights_during_training`: co, single_controller (the engine shares
-          the trainer's devices); refused under da."""
-        kind = self.placement.kind
+    def _check_placement_values(self) -> None:
+        """The placement keys' values; where each applies is `locoexp.applies`' (O2-O4 act under
+        every placement; O1 and the Ray keys where their rows say)."""
+        staleness = self.placement.max_staleness
         require(
-            not (kind is PlacementKind.da and self.opt.metrics_off_barrier),
-            "opt.metrics_off_barrier=true (O1) does not apply to placement=da: its hosts report "
-            "to the Ray driver and share no per-host metrics barrier; set "
-            "opt.metrics_off_barrier=false.",
-        )
-        require(
-            self.hardware.coordinator_port == 0
-            or self.hardware.chip is ChipKind.cpu
-            or kind is PlacementKind.da,
-            f"hardware.coordinator_port={self.hardware.coordinator_port} applies to hardware=cpu "
-            f"and to the placement=da trainer group; on hardware.chip="
-            f"{self.hardware.chip.value} with placement={kind.value} the cluster names the "
-            "coordinator: set it to 0.",
-        )
-        require(
-            self.hardware.coordinator_address is None or kind is PlacementKind.co,
-            f"hardware.coordinator_address={self.hardware.coordinator_address} applies to "
-            f"placement=co, one process per host; placement={kind.value} "
-            + (
-                "runs one process: unset it."
-                if kind is PlacementKind.single_controller
-                else "forms its trainer group through Ray: unset it and give placement.ray_address."
-            ),
-        )
-        require(
-            self.placement.ray_address is None or kind is PlacementKind.da,
-            f"placement.ray_address={self.placement.ray_address} only applies to placement=da.",
-        )
-        require(
-            self.placement.max_staleness >= 1
-            and (kind is PlacementKind.da or self.placement.max_staleness == 1),
-            f"placement.max_staleness={self.placement.max_staleness} must be a positive integer "
-            "and only applies to placement=da (co and single_controller train on-policy).",
+            staleness >= 1,
+            f"placement.max_staleness={staleness} must be a positive integer (the paper's: 1).",
         )
         # a bound raised past the run's length holds nothing back (the paper's 1 always applies)
         require(
-            self.placement.max_staleness in (1, *range(self.steps)),
-            f"placement.max_staleness={self.placement.max_staleness} is not below steps="
-            f"{self.steps}: no batch of this run can be that stale, so the bound holds nothing "
-            "back; set placement.max_staleness below steps, or 1 (the paper's).",
+            staleness in (1, *range(self.steps)),
+            f"placement.max_staleness={staleness} is not below steps={self.steps}: no batch of "
+            "this run can be that stale, so the bound holds nothing back; set "
+            "placement.max_staleness below steps, or 1 (the paper's).",
         )
         require(
             self.placement.rollout_restarts >= 0,
@@ -265,11 +247,6 @@ class Config:
             self.placement.rollout_restart_timeout_s > 0,
             f"placement.rollout_restart_timeout_s={self.placement.rollout_restart_timeout_s} "
             "must be > 0 (seconds the driver waits for Ray to restart a lost rollout host).",
-        )
-        require(
-            not (kind is PlacementKind.da and self.rollout.release_weights_during_training),
-            "rollout.release_weights_during_training=true does not apply to placement=da: its "
-            "engines never share devices with the trainer; set it to false.",
         )
 
 

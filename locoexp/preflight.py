@@ -39,6 +39,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from locoexp.applies import unread_notices
 from locoexp.checkpoint.export import POLICY_DIR
 from locoexp.checkpoint.state import (
     CHECKPOINT_DIR,
@@ -103,25 +104,19 @@ def check_run(config: Config, *, run_dir: Path | None = None, job: list[str] | N
 
 
 def start_up_warnings(config: Config) -> list[str]:
-    """Settings that are valid but do less than they seem to, one sentence each."""
-    straggler = config.rollout.straggler
-    notices = []
-    if straggler.host is not None and not straggler.active:  # a sweep's delay 0 cell, or a slip
-        notices.append(
-            f"rollout.straggler.host={straggler.host} is slowed by nothing "
-            f"(rollout.straggler.delay_s={straggler.delay_s:g}, rollout.straggler.factor="
-            f"{straggler.factor:g}): no straggler is injected; set delay_s > 0 or factor > 1."
-        )
-    return notices
+    """Settings that are valid but do less than they seem to, one sentence each: the keys of
+    `locoexp.applies`' notice rows set where nothing reads them (`rollout.straggler.host` in a
+    sweep's delay 0 cell, or a slip)."""
+    return unread_notices(config, config.traits)
 
 
 def plan(config: Config) -> str:
     """The dry-run report: hosts, devices per role, memory per device, parameters, verdict."""
     note = ""
-    if config.hardware.hosts_auto:
+    if config.hardware.hosts is None:
         split = f" split={config.split}" if config.split is not None else ""
         note = (
-            f"hardware.hosts={config.hardware.hosts} chosen: the smallest count "
+            f"hardware.hosts={config.hosts} chosen: the smallest count "
             f"placement={config.placement.kind.value}{split} needs"
         )
     return describe_plan(plan_setup(config), hosts_note=note)

@@ -117,18 +117,25 @@ def test_admission_log_round_trip(tmp_path, gsm8k):
 
 
 def test_the_rendezvous_meets_after_the_first_request_and_refuses_a_host_left_alone(tmp_path):
-    from locoexp.placement.admission import AdmissionRendezvous
+    from support.rendezvous import AdmissionRendezvous
 
     task = build_task(DatasetConfig())
     examples = list(task.train[:2])
     (tmp_path / "started-1-0").touch()  # the other host has started its first admission
     host0 = AdmissionRendezvous(folder=tmp_path, host=0, hosts=2, deadline_s=0.05)
     queue = RequestQueue()
-    admit_requests(task, examples, group_size=2, queue=queue, pretokenized=False, rendezvous=host0)
+    admit_requests(
+        task, examples, group_size=2, queue=queue, pretokenized=False, on_first_request=host0.meet
+    )
     assert (tmp_path / "started-0-0").exists() and len(queue) == 4
     queue.drain()
     # Its second admission: host 1 never starts one (serial admission), so host 0 fails the run.
     with pytest.raises(RuntimeError, match="admission is not parallel"):
         admit_requests(
-            task, examples, group_size=2, queue=queue, pretokenized=False, rendezvous=host0
+            task,
+            examples,
+            group_size=2,
+            queue=queue,
+            pretokenized=False,
+            on_first_request=host0.meet,
         )

@@ -10,13 +10,17 @@ import json
 import pytest
 from dataset_options import shared_data
 
-from locoexp.placement.admission import RENDEZVOUS_ENV, read_admission_logs
+from locoexp.placement.admission import read_admission_logs
 
 pytestmark = pytest.mark.slow
 PROMPTS, GROUP, STEPS = 16, 8, 3  # 128 requests a step: what is checked is where they are admitted
 
 
-def run_gsm8k(compose, placement: str, run_dir, *, profile: bool = False) -> list[dict]:
+def run_gsm8k(
+    compose, placement: str, run_dir, *, profile: bool = False, meetings=None
+) -> list[dict]:
+    """A short GSM8K run's step records; with `meetings`, a 2-host co run whose host processes
+    meet at every admission in that folder (`support.rendezvous`)."""
     from locoexp.main import run
 
     folder = shared_data("gsm8k")
@@ -43,9 +47,35 @@ def run_gsm8k(compose, placement: str, run_dir, *, profile: bool = False) -> lis
             "logger=none",
         ]
     )
-    run(config, run_dir=run_dir, progress=False)
+    if meetings is None:
+        run(config, run_dir=run_dir, progress=False)
+    else:
+        launch_meeting(config, run_dir, meetings)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "timing/step_s" in r]
+
+
+def launch_meeting(config, run_dir, meetings) -> None:
+    """What `locoexp.main.launch` does for a local co run, each host process's session being
+    `support.rendezvous.run_session_meeting`."""
+    from support.rendezvous import run_session_meeting
+
+    from locoexp.metrics.run_output import RunFiles
+    from locoexp.placement.launch import launch_local_processes
+    from locoexp.session.build import build_spec
+
+    spec = build_spec(config)
+    layout = spec.layout
+    files = RunFiles(str(run_dir), None, None, False)
+    code = launch_local_processes(
+        run_session_meeting,
+        (spec, files, str(meetings)),
+        num_processes=layout.processes,
+        devices_per_process=layout.devices_per_process,
+        coordinator_port=layout.coordinator_port,
+        bind_address=layout.bind_address,
+    )
+    assert code == 0
 
 
 def test_single_controller_admits_every_request_serially_in_one_process(compose, tmp_path):
@@ -60,19 +90,15 @@ def test_single_controller_admits_every_request_serially_in_one_process(compose,
     check_timings(records)
 
 
-def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(
-    compose, tmp_path, monkeypatch
-):
-    # Each host process meets the other at the start of every admission (the admission's test
-    # seam, `AdmissionRendezvous`, which every admitting host honours when
-    # LOCOEXP_ADMISSION_RENDEZVOUS names a folder), so that the check below does not depend on
+def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(compose, tmp_path):
+    # Each host process meets the other at the start of every admission (`support.rendezvous`,
+    # through the rollout half's `on_first_request`), so that the check below does not depend on
     # how the machine schedules two ~10 ms admissions: parallel hosts meet at once; a host that
     # waited for the other's admission to end would never meet it and fail the run at the
     # rendezvous' deadline.
     meetings = tmp_path / "rendezvous"
     meetings.mkdir()
-    monkeypatch.setenv(RENDEZVOUS_ENV, str(meetings))
-    records = run_gsm8k(compose, "co", tmp_path / "run", profile=True)
+    records = run_gsm8k(compose, "co", tmp_path / "run", profile=True, meetings=meetings)
     expected = {f"started-{h}-{n}" for h in range(2) for n in range(STEPS)}
     assert {p.name for p in meetings.iterdir()} == expected  # every admission met its peer
     logs = read_admission_logs(tmp_path / "run")

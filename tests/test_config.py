@@ -149,7 +149,11 @@ def test_messages_name_what_is_valid(tmp_path):
 def test_a_coordinator_port_the_cluster_would_ignore_is_refused():
     with pytest.raises(ConfigError, match="hardware.coordinator_port=1234"):
         compose_config(["hardware=tpu_v7x_16", "hardware.coordinator_port=1234"])
-    assert compose_config(["hardware.coordinator_port=1234"]).hardware.coordinator_port == 1234
+    # one local process starts no coordinator: the port would be dropped
+    with pytest.raises(ConfigError, match=r"coordinator_port=1234 is not read by this run \("):
+        compose_config(["hardware.coordinator_port=1234"])
+    local = compose_config(["hardware.hosts=2", "hardware.coordinator_port=1234"])
+    assert local.hardware.coordinator_port == 1234
 
 
 def test_a_cluster_started_co_host_names_its_coordinator_and_index_or_is_refused():
@@ -165,8 +169,17 @@ def test_a_cluster_started_co_host_names_its_coordinator_and_index_or_is_refused
             "hardware.coordinator_address=10.0.0.1",
             "hardware.process_id=0",
         ],
-        "applies to placement=co": [*host, "hardware.process_id=0", "placement=da", "split=0.5"],
-        "names the port": [*host, "hardware.process_id=0", "hardware.coordinator_port=9"],
+        "applies only to placement=co": [
+            *host,
+            "hardware.process_id=0",
+            "placement=da",
+            "split=0.5",
+        ],
+        "coordinator_port=9 is not read by this run": [
+            *host,
+            "hardware.process_id=0",
+            "hardware.coordinator_port=9",
+        ],
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):
@@ -220,7 +233,8 @@ def test_task_keys_of_another_kind_are_refused_and_each_kind_keeps_its_own():
     ):
         compose_config(["dataset.random_tokens.train_size=9"])
     with pytest.raises(
-        ConfigError, match="dataset.prompt_template='Q: {problem}' is not read by dataset=swe_agent"
+        ConfigError,
+        match=r"dataset.prompt_template='Q: {problem}' is not read by this run \(dataset=swe_agent",
     ):
         compose_config(["dataset=swe_agent", "dataset.prompt_template='Q: {problem}'"])
     assert compose_config(["dataset=gsm8k", "dataset.thinking=true"]).dataset.thinking

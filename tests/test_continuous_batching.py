@@ -14,7 +14,7 @@ from tiny_policy import PAD, random_prompts, tiny_model
 
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
-from locoexp.rollout.config import EngineKind, RolloutConfig, SamplingParams, Scheduler
+from locoexp.rollout.config import RolloutConfig, SamplingParams, Scheduler
 from locoexp.rollout.engine import JaxEngine
 
 MAX_NEW = 12
@@ -162,5 +162,5 @@ def test_an_unknown_scheduler_is_refused_naming_the_key_and_the_choices():
 
 
 def test_static_waves_are_refused_under_vllm():
-    with pytest.raises(ConfigError, match="rollout.scheduler=waves applies to rollout=jax"):
-        RolloutConfig(engine=EngineKind.vllm, scheduler=Scheduler.waves)
+    with pytest.raises(ConfigError, match=r"rollout.scheduler=waves is not read .* rollout=jax"):
+        compose_config(["rollout=vllm", "rollout.scheduler=waves"])

@@ -229,7 +229,7 @@ def test_a_staleness_bound_past_the_runs_length_is_refused():
 
 def test_a_straggler_host_slowed_by_nothing_is_warned_about():
     (notice,) = start_up_warnings(compose_config(["rollout.straggler.host=0"]))
-    assert "rollout.straggler.host=0" in notice and "no straggler is injected" in notice
+    assert notice.startswith("rollout.straggler.host=0 is not read by this run (no straggler)")
     assert start_up_warnings(compose_config(["rollout.straggler.delay_s=0"])) == []
     slowed = ["rollout.straggler.host=0", "rollout.straggler.delay_s=1"]
     assert start_up_warnings(compose_config(slowed)) == []

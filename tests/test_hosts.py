@@ -18,13 +18,13 @@ DA = PlacementConfig(kind=PlacementKind.da)
 )
 def test_da_takes_the_smallest_host_count_its_split_needs(split, hosts):
     config = Config(placement=DA, split=split, dataset=_dataset(hosts))
-    assert config.hardware.hosts == hosts and config.hardware.hosts_auto
+    assert config.hosts == hosts and config.hardware.hosts is None  # resolved, not written back
 
 
 def test_colocated_takes_one_host_and_a_given_count_is_kept():
-    assert Config().hardware.hosts == 1
+    assert Config().hosts == 1 and Config().hardware.hosts is None
     given = Config(hardware=HardwareConfig(hosts=2))
-    assert given.hardware.hosts == 2 and not given.hardware.hosts_auto
+    assert given.hosts == 2 and given.hardware.hosts == 2
 
 
 def test_valid_splits_print_rounded_and_refusals_list_them():

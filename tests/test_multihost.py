@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from support import multihost
 
 from locoexp.placement.launch import free_port, launch_local_processes
-from locoexp.testing import multihost
 
 pytestmark = pytest.mark.slow  # real processes
 

@@ -1,4 +1,4 @@
-"""Runs that span machines, on machines made of network namespaces (`locoexp.testing.netns`):
+"""Runs that span machines, on machines made of network namespaces (`tests/support/netns.py`):
 two namespaces joined by a bridge, 10.77.0.1 and 10.77.0.2, each process seeing only its own
 machine's interfaces.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 from cli_runs import assert_same_steps
 from step_loop_reference import REFERENCE, overrides_of
+from support.netns import Listener, Machine, machines, unavailable
 
 from locoexp.metrics.run_records import read_metrics_jsonl
-from locoexp.testing.netns import Listener, Machine, machines, unavailable
 
 if (reason := unavailable()) is not None:
     pytest.skip(reason, allow_module_level=True)

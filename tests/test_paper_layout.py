@@ -11,7 +11,6 @@ from locoexp.planner import check_fit, resolve_plan
 from locoexp.planner.estimate import GIB
 from locoexp.planner.report import verdict_of
 from locoexp.session.build import build_spec, plan_setup
-from locoexp.trainer.config import TrainerConfig
 
 # Table 3: LoCoJAX does not fit SWE at 8 chips, colocated
 SWE_CO_8 = [
@@ -25,8 +24,8 @@ SWE_CO_8 = [
 
 
 def test_micro_batch_rows_with_the_paper_layout_is_refused_naming_both_keys():
-    with pytest.raises(ConfigError, match=r"trainer.micro_batch_rows=2 needs trainer.accumulate"):
-        TrainerConfig(accumulate=False, micro_batch_rows=2)
+    with pytest.raises(ConfigError, match=r"trainer.micro_batch_rows=2 .* trainer.accumulate=tr"):
+        compose_config(["trainer.accumulate=false", "trainer.micro_batch_rows=2"])
 
 
 def test_the_paper_layout_plans_every_row_in_one_micro_batch():

@@ -3,6 +3,7 @@ real processes joined by jax.distributed."""
 
 import numpy as np
 import pytest
+from support import survive
 
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.checkpoint.progress import RolloutRestart, RunProgress, TrainedBatch, config_digest
@@ -14,7 +15,6 @@ from locoexp.checkpoint.state import (
 from locoexp.errors import ConfigError
 from locoexp.metrics.cost import Checkpoint
 from locoexp.placement.launch import launch_local_processes
-from locoexp.testing import survive
 
 
 def _load(path):

@@ -79,8 +79,7 @@ class AdapterConfig:
     modules_to_save: list[SavedModule] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        if self.kind is AdapterKind.none:
-            return
+        # values only: `locoexp.applies` refuses these keys under adapter=none
         require(self.rank >= 1, f"adapter.rank={self.rank} must be a positive integer.")
         require(self.alpha > 0, f"adapter.alpha={self.alpha} must be > 0.")
         require(

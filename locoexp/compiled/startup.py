@@ -170,7 +170,7 @@ def child_environment(config: Config) -> dict[str, str]:
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     if config.hardware.chip is ChipKind.cpu:
-        env["XLA_FLAGS"] = cpu_device_flags(config.hardware.devices)
+        env["XLA_FLAGS"] = cpu_device_flags(config.resolved_hardware.devices)
     return env
 
 

@@ -28,8 +28,9 @@ class ChipKind(enum.Enum):
 @dataclasses.dataclass(kw_only=True)
 class HardwareConfig:
     chip: ChipKind = ChipKind.cpu
-    # H. None (hardware=cpu): the smallest count the placement and split need, resolved by the
-    # root Config (1 for co and single_controller; 4 for placement=da split=0.25).
+    # H. None (hardware=cpu): the smallest count the placement and split need, resolved by
+    # `Config.hosts` and never written back (1 for co and single_controller; 4 for placement=da
+    # split=0.25).
     hosts: int | None = None
     chips_per_host: int = 1
     devices_per_chip: int = 1  # JAX devices per chip (v7x: 2 TensorCores)
@@ -93,8 +94,6 @@ class HardwareConfig:
                 value is None and key == "hosts" or value is not None and value >= 1,
                 f"hardware.{key}={value} is invalid: it must be a positive integer.",
             )
-        # Whether the root Config chose the host count (the dry-run plan says so).
-        self.hosts_auto = self.hosts is None
         for key in ("hosts", "memory_per_device_gib"):
             require(
                 getattr(self, key) is not None or self.chip is ChipKind.cpu,
@@ -132,11 +131,6 @@ class HardwareConfig:
         """`topology` names as many chips as the hosts hold (TPU slices only)."""
         if self.topology is None:
             return
-        require(
-            self.chip is not ChipKind.cpu,
-            f"hardware.topology={self.topology} names a TPU slice's chips; hardware.chip=cpu "
-            "has none (leave it null).",
-        )
         dims = self.topology.split("x")
         require(
             all(d.isdigit() and int(d) > 0 for d in dims) and len(dims) in (2, 3),
@@ -144,8 +138,10 @@ class HardwareConfig:
             "2x2 (v5e, v6e) or 2x2x2 (v5p, v7x).",
         )
         chips = math.prod(int(d) for d in dims)
+        if self.hosts is None:  # hardware=cpu: refused there (`locoexp.applies`)
+            return
         require(
-            self.hosts is None or chips == self.chips,
+            chips == self.chips,
             f"hardware.topology={self.topology} has {chips} chips but hardware.hosts="
             f"{self.hosts} x hardware.chips_per_host={self.chips_per_host} is {self.chips}: "
             "choose a hardware=tpu_* preset, or set them to agree.",
@@ -171,11 +167,6 @@ class HardwareConfig:
             self.hosts is not None and 0 <= index < self.hosts,
             f"hardware.process_id={index} must be in [0, hardware.hosts) with hardware.hosts set "
             f"(hardware.hosts={self.hosts}).",
-        )
-        require(
-            self.coordinator_port == 0,
-            f"hardware.coordinator_port={self.coordinator_port} does not apply with "
-            f"hardware.coordinator_address={address}, which names the port: set it to 0.",
         )
 
     @property

@@ -72,7 +72,7 @@ class ModelConfig:
     # layer (and the last) attends over the whole row with `global_head_dim`, `global_kv_heads`,
     # RoPE at `global_rope_theta` on the first `global_rotary_fraction` of each head ("proportional"
     # RoPE), and, with `global_key_is_value`, values that are the keys' projection (HF
-    # attention_k_eq_v). Logits are soft-capped: cap * tanh(logits / cap), 0 = none.
+    # attention_k_eq_v).
     sliding_window: int = 0
     global_attention_every: int = 6
     global_head_dim: int = 0
@@ -80,6 +80,8 @@ class ModelConfig:
     global_rope_theta: float = 1_000_000.0
     global_rotary_fraction: float = 1.0
     global_key_is_value: bool = False
+    # Logits soft-capped as cap * tanh(logits / cap), 0 = none (Gemma4 publishes one; the head
+    # applies it under every family).
     final_logit_softcap: float = 0.0
     # A local Hugging Face checkpoint directory (config.json + safetensors); None = random init.
     checkpoint: str | None = None
@@ -106,10 +108,8 @@ class ModelConfig:
         self._check_experts()
         self._check_gemma4()
         require(
-            self.compute_dtype in (None, self.param_dtype) or not (self.moe or self.gemma4),
-            f"model.compute_dtype={getattr(self.compute_dtype, 'value', None)} applies to dense "
-            f"qwen3-family models only ({self.name} is "
-            f"{'a mixture of experts' if self.moe else 'a Gemma4 model'}): leave it null.",
+            self.final_logit_softcap >= 0,
+            f"model.final_logit_softcap={self.final_logit_softcap} must be >= 0 (0 = none).",
         )
         require(
             self.rope_scaling_factor >= 1.0,
@@ -144,11 +144,16 @@ class ModelConfig:
         return self.num_kv_heads, self.head_dim
 
     def _check_gemma4(self) -> None:
+        """Gemma4's attention keys' values (`locoexp.applies` refuses them on other families,
+        whose defaults Gemma4 could not run: a window of 0 tokens)."""
         if not self.gemma4:
             return
         for key in ("sliding_window", "global_attention_every", "global_head_dim"):
             value = getattr(self, key)
-            require(value >= 1, f"model.{key}={value} must be a positive integer for Gemma4.")
+            require(
+                value >= 1,
+                f"model.{key}={value} must be a positive integer for Gemma4 (model.family=gemma4).",
+            )
         require(
             self.global_kv_heads >= 1 and self.num_heads % self.global_kv_heads == 0,
             f"model.global_kv_heads={self.global_kv_heads} must divide model.num_heads="
@@ -157,10 +162,6 @@ class ModelConfig:
         require(
             0 < self.global_rotary_fraction <= 1,
             f"model.global_rotary_fraction={self.global_rotary_fraction} must be in (0, 1].",
-        )
-        require(
-            self.final_logit_softcap >= 0,
-            f"model.final_logit_softcap={self.final_logit_softcap} must be >= 0 (0 = none).",
         )
 
     def _check_experts(self) -> None:
@@ -171,7 +172,7 @@ class ModelConfig:
             self.router_aux_loss_coef >= 0,
             f"model.router_aux_loss_coef={self.router_aux_loss_coef} must be >= 0.",
         )
-        if not self.moe:
+        if not self.moe:  # the experts' keys are refused on a dense model (`locoexp.applies`)
             return
         require(
             1 <= self.experts_per_token <= self.num_experts,

@@ -11,15 +11,16 @@ does the per-request work and records what it did. It must not decide placement 
 `pretokenized=True` (`opt.pretokenize_prompts`) reuses the tokens made when the task loaded, so
 each request costs one queue submission; that is a lever beyond the paper, off by default.
 
-`AdmissionRendezvous` is the seam a test uses to check, under any load, that hosts admit in
-parallel in their own processes (`LOCOEXP_ADMISSION_RENDEZVOUS`); runs without it never wait.
+`on_first_request` is called once an admission's first request is submitted (None: nothing);
+tests meet the other hosts there to check, under any load, that hosts admit in parallel in their
+own processes (tests/support/rendezvous.py).
 """
 
 import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,12 +60,12 @@ def admit_requests(
     group_size: int,
     queue: RequestQueue,
     pretokenized: bool,
-    rendezvous: "AdmissionRendezvous | None" = None,
+    on_first_request: Callable[[], None] | None = None,
 ) -> tuple[list[np.ndarray], AdmissionRecord]:
     """Submit the G requests of every example to `queue`, one request at a time, in order
     (the G samples of a prompt stay contiguous: GRPO groups). Returns the submitted prompts
     ([N] token arrays, the host's own record of what it admitted) and what admission did.
-    `rendezvous` (a test seam): meet the other hosts once the first request is submitted."""
+    `on_first_request`: called once, after the first request is submitted."""
     start, cpu_start = time.perf_counter(), time.thread_time()
     prompts, first, last = [], 0, 0
     for example in examples:
@@ -72,8 +73,8 @@ def admit_requests(
             tokens = example.prompt_tokens if pretokenized else task.encode_prompt(example)
             request = Request(prompt_tokens=tokens, example_id=example.id, sample=sample)
             queue.put(request)
-            if rendezvous is not None and not prompts:
-                rendezvous.meet()
+            if on_first_request is not None and not prompts:
+                on_first_request()
             prompts.append(tokens)
             first, last = first or request.submitted_ns, request.submitted_ns
     return prompts, AdmissionRecord(
@@ -104,47 +105,6 @@ class AdmissionLog:
         except OSError as error:  # a full disk: one sentence, the records before it intact
             kept = "its earlier records and the run's checkpoints are intact"
             raise unwritable(self.path, error, kept=kept) from None
-
-
-RENDEZVOUS_ENV = "LOCOEXP_ADMISSION_RENDEZVOUS"
-
-
-@dataclasses.dataclass(kw_only=True)
-class AdmissionRendezvous:
-    """The hosts meet at the start of every admission: once its first request is submitted,
-    host h marks `started-<h>-<n>` (its n-th admission) in `folder` and waits until every other
-    host has marked its n-th. Hosts admitting at the same time meet at once; a host whose
-    admission waits for another's to end (serial admission) never meets it and fails the run
-    after `deadline_s`. Every other submission of a host then follows every other host's first,
-    so the admission logs' overlap holds by construction, whatever the machine's load.
-
-    Honoured by the admitting host processes of `co` and `single_controller` (not yet by `da`'s
-    rollout actors) when `LOCOEXP_ADMISSION_RENDEZVOUS` names a folder
-    (tests/test_admission_placement.py); unset, nothing waits."""
-
-    folder: Path
-    host: int
-    hosts: int
-    deadline_s: float = 120.0
-    admissions: int = 0  # admissions met so far
-
-    @classmethod
-    def from_environment(cls, *, host: int, hosts: int) -> "AdmissionRendezvous | None":
-        folder = os.environ.get(RENDEZVOUS_ENV)
-        return cls(folder=Path(folder), host=host, hosts=hosts) if folder else None
-
-    def meet(self) -> None:
-        n, self.admissions = self.admissions, self.admissions + 1
-        (self.folder / f"started-{self.host}-{n}").touch()
-        others = [self.folder / f"started-{h}-{n}" for h in range(self.hosts) if h != self.host]
-        deadline = time.monotonic() + self.deadline_s
-        while not all(path.exists() for path in others):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"host {self.host} started admission {n} and waited {self.deadline_s:.0f} s "
-                    "for the other hosts to start theirs: admission is not parallel"
-                )
-            time.sleep(0.005)
 
 
 def read_admission_logs(run_dir: Path) -> dict[str, list[dict]]:

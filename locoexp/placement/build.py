@@ -23,7 +23,7 @@ from locoexp.dataset.task import Task
 from locoexp.errors import require
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
-from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
+from locoexp.placement.admission import AdmissionLog
 from locoexp.placement.halves import RolloutHalf, TrainerHalf, publish_to_engine
 from locoexp.placement.inprocess import InProcess
 from locoexp.placement.multihost import HostGroup
@@ -59,10 +59,6 @@ def open_in_process(
     if admission_dir is not None:
         path = admission_dir / f"host{transport.group.index}.jsonl"
         transport.rollout.admission_log = AdmissionLog(path)
-    group = transport.group
-    transport.rollout.rendezvous = AdmissionRendezvous.from_environment(
-        host=group.index, hosts=group.count
-    )
     yield transport
 
 

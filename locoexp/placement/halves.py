@@ -28,7 +28,7 @@ from locoexp.dataset.task import Task
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement import phases
-from locoexp.placement.admission import AdmissionLog, AdmissionRendezvous
+from locoexp.placement.admission import AdmissionLog
 from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.settings import StepSettings
 from locoexp.rollout.protocol import Engine
@@ -104,7 +104,8 @@ class RolloutHalf:
     load: Callable[[Engine, Published], None] | None = None
     version: int = 0  # the initial weights are the trainer's (same seed)
     admission_log: AdmissionLog | None = None  # this host's per-step admission records
-    rendezvous: AdmissionRendezvous | None = None  # a test seam (placement/admission.py)
+    # called once each admission's first request is submitted (`admission.admit_requests`)
+    on_first_request: Callable[[], None] | None = None
 
     def run(self, step: int, published: Published) -> RolloutBatch:
         """Batch `step`'s share of this host, sampled with `published`: load (where weights
@@ -127,7 +128,7 @@ class RolloutHalf:
                 balance=s.opt.balance_prompts,
                 queue=queue,
                 pretokenized=s.opt.pretokenize_prompts,
-                rendezvous=self.rendezvous,
+                on_first_request=self.on_first_request,
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):

@@ -19,7 +19,7 @@ Design note.
   carries step t's per-host record instead of a collective of its own; refused under `da`, whose
   hosts report to the driver); O2 here (gc frozen after warm-up) and in every Ray actor; O3 in
   admission (`phases.split_across_hosts`); O4 in publication (`multihost.gather_for_engine`) and,
-  under `da`, in the rollout host's weight load. `Config._check_placement_keys` is the one place
+  under `da`, in the rollout host's weight load. `locoexp.applies` is the one place
   that says which placement honours which key.
 
 The loop owns the bookkeeping shared by every placement: the evaluation schedule, the delayed

@@ -7,6 +7,7 @@ per prompt, N = B * G requests.
 """
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -16,7 +17,7 @@ from locoexp.algo.config import AdvantageKind
 from locoexp.algo.grpo import compute_group_advantages
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Example, Task
-from locoexp.placement.admission import AdmissionRecord, AdmissionRendezvous, admit_requests
+from locoexp.placement.admission import AdmissionRecord, admit_requests
 from locoexp.placement.multihost import gather_for_engine
 from locoexp.rollout.config import SamplingParams
 from locoexp.rollout.engine import Rollout
@@ -78,7 +79,7 @@ def admit(
     balance: bool,
     queue: RequestQueue,
     pretokenized: bool,
-    rendezvous: AdmissionRendezvous | None = None,
+    on_first_request: Callable[[], None] | None = None,
 ) -> Admitted:
     """Admission (Section 4.3, App. C Eq. 3): this host's share of the step's P prompts
     (`host_shares`: floor or ceil of P/H); each of their G requests is chat-rendered, tokenized
@@ -94,7 +95,7 @@ def admit(
         group_size=group_size,
         queue=queue,
         pretokenized=pretokenized,
-        rendezvous=rendezvous,
+        on_first_request=on_first_request,
     )
     return Admitted(examples=examples, requests=requests, group_size=group_size, record=record)
 

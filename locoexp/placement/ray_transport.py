@@ -192,7 +192,7 @@ class RayActors:
         return restarted
 
     def start_train(self, step: int, batches: list, *, carried: dict | None) -> tuple[int, list]:
-        # carried is None: O1 is refused under da (Config._check_placement_keys)
+        # carried is None: O1 is refused under da (locoexp.applies)
         return step, [t.train.remote(step, batches) for t in self.hosts.trainers]
 
     def collect_train(self, pending: tuple[int, list], timer: StepTimer) -> list[TrainResult]:

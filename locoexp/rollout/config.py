@@ -74,8 +74,9 @@ class RolloutConfig:
     # A, which the paper simulated; `rollout/straggler.py`), every placement and engine.
     straggler: StragglerConfig = dataclasses.field(default_factory=StragglerConfig)
 
-    # rollout=vllm only (locoexp/rollout/vllm_engine.py); the JAX engine is data-parallel over
-    # its devices / tensor_parallel and sizes its cache per wave, so it refuses these.
+    # rollout=vllm only (locoexp/rollout/vllm_engine.py; `locoexp.applies` refuses them under
+    # rollout=jax): the JAX engine is data-parallel over its devices / tensor_parallel and sizes
+    # its cache per wave.
     # Engine replicas per host (the paper: DP8 x TP1 per host). vLLM runs DP > 1 inside one
     # process on TPU only; on GPU/CPU it needs one process per replica, which is refused.
     data_parallel: int = 1
@@ -135,34 +136,6 @@ class RolloutConfig:
             self.kv_cache_gib >= 0,
             f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 (0 = from memory_fraction).",
         )
-        require(
-            not (self.release_weights_during_training and self.engine is EngineKind.vllm),
-            "rollout.release_weights_during_training=true applies to rollout=jax only; with "
-            "rollout=vllm leave it false.",
-        )
-        require(
-            self.engine is EngineKind.jax or self.scheduler is Scheduler.continuous,
-            f"rollout.scheduler={self.scheduler.value} applies to rollout=jax only; vLLM always "
-            "batches continuously (leave rollout.scheduler=continuous).",
-        )
-        if self.engine is EngineKind.jax:
-            for key, default in _VLLM_ONLY.items():
-                value = getattr(self, key)
-                require(
-                    value == default,
-                    f"rollout.{key}={value} applies to rollout=vllm only; with "
-                    f"rollout=jax leave it at {default}.",
-                )
-
-
-# Keys the JAX engine does not read, with their defaults (set under rollout=jax they are refused,
-# never silently dropped).
-_VLLM_ONLY = {
-    "data_parallel": 1,
-    "memory_fraction": 0.9,
-    "kv_cache_gib": 0.0,
-    "enforce_eager": False,
-}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ def build_layout_of(config: Config) -> Layout:
         )
     return build_layout(
         placement.kind,
-        hosts=hw.hosts,
+        hosts=config.hosts,
         devices_per_host=hw.devices_per_host,
         split=config.split,
         max_staleness=placement.max_staleness,
@@ -58,7 +58,7 @@ def plan_setup(config: Config) -> Setup:
     c = config
     return Setup(
         model=c.model,
-        hardware=c.hardware,
+        hardware=c.resolved_hardware,
         rollout=c.rollout,
         dataset=c.dataset,
         trainer=c.trainer,
@@ -127,7 +127,7 @@ def build_loop_plan(config: Config, *, staleness: int) -> LoopPlan:
         metrics_off_barrier=c.opt.metrics_off_barrier,
         freeze_gc=c.opt.freeze_gc,
         eval_target=c.eval_target,
-        chips=c.hardware.chips,
+        chips=c.resolved_hardware.chips,
         chip_hour_price_usd=c.hardware.chip_hour_price_usd,
         batches_per_pass=c.dataset.batches_per_pass,
         passes=c.dataset.passes,
@@ -163,9 +163,11 @@ PER_HOST_KEYS = ("process_id", "bind_address")
 
 
 def run_identity(config: Config) -> dict[str, Any]:
-    """The resolved config that a resumed run must repeat: every host's the same."""
+    """The resolved config that a resumed run must repeat: every host's the same (the host
+    count resolved, as `Config.hosts` resolves `hardware.hosts: null`)."""
     resolved = config_as_dict(config)
     hardware = {k: v for k, v in resolved["hardware"].items() if k not in PER_HOST_KEYS}
+    hardware["hosts"] = config.hosts
     return {**resolved, "hardware": hardware}
 
 

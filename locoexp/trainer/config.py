@@ -93,12 +93,6 @@ class TrainerConfig:
             "(0 = the most that fit).",
         )
         require(
-            self.accumulate or self.micro_batch_rows == 0,
-            f"trainer.micro_batch_rows={self.micro_batch_rows} needs trainer.accumulate=true: "
-            "trainer.accumulate=false (the paper's layout) trains every row in one pass; set "
-            "trainer.micro_batch_rows=0.",
-        )
-        require(
             self.expert_parallel >= 1,
             f"trainer.expert_parallel={self.expert_parallel} must be a positive integer.",
         )

@@ -15,10 +15,10 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.model.transformer import build_model
-from locoexp.testing.multihost import MAX_NEW, MODEL, SEQUENCES, agree, fixed_sequences
 from locoexp.trainer.config import TrainerConfig
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer
+from support.multihost import MAX_NEW, MODEL, SEQUENCES, agree, fixed_sequences
 
 
 def _trainer() -> Trainer:
