@@ -7,6 +7,7 @@ each row's first EOS, so the expected padding, lengths and flags follow exactly.
 """
 
 import dataclasses
+import re
 import sys
 import time
 
@@ -129,6 +130,37 @@ def test_model_kv_cache_decode_logits_equal_full_forward(model):
         )
         got.append(logits)
     np.testing.assert_allclose(np.concatenate(got, axis=1), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="what XLA's CPU backend emits")
+def test_cached_attention_compiles_without_a_plain_dot_over_the_cache():
+    """Decode attention at Table 1's 2,304 slots lowers to XLA-CPU's YNNPACK fusions only: the
+    values product written as [B,T,E,R,h] became a plain dot with the cache as its transposed
+    operand, 20x slower, the generation regression of issue 42 (experiments/LOG.md)."""
+    from locoexp.model.transformer import attend_cached
+
+    rows, heads, kv_heads, slots, h = 8, 4, 2, 2304, 64
+    q = jnp.zeros((rows, 1, heads, h))
+    k = v = jnp.zeros((rows, 1, kv_heads, h))
+    cache = (jnp.zeros((rows, kv_heads, slots, h)),) * 2
+    valid = jnp.ones((rows, slots), bool)
+    index = jnp.zeros((rows,), jnp.int32)
+    hlo = jax.jit(attend_cached).lower(q, k, v, valid, cache, index).compile().as_text()
+    assert _unfused_dots(hlo) == []
+    assert " dot(" in hlo  # the products are there, inside fusions
+
+
+def _unfused_dots(hlo: str) -> list[str]:
+    """The dots of optimised HLO text that no fusion computes (each computation's dots, less
+    those of computations a fusion calls)."""
+    fused = set(re.findall(r"kind=\w+, calls=(%[\w.-]+)", hlo))
+    dots, computation = [], None
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and "{" in line:
+            computation = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+        elif " dot(" in line and computation not in fused:
+            dots.append(f"{computation}: {line.strip()[:120]}")
+    return dots
 
 
 def test_causal_segment_mask_blocks_other_segments_future_and_padding():

@@ -209,8 +209,20 @@ def attend_cached(
     scores = jnp.einsum("btkrh,bksh->bkrts", q, cache_k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (h**-0.5), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(cache_v.dtype)
-    out = jnp.einsum("bkrts,bksh->btkrh", probs, cache_v).reshape(b, t, heads * h)
-    return out.astype(q.dtype), (cache_k, cache_v)
+    return _attend_values(probs, cache_v).astype(q.dtype), (cache_k, cache_v)
+
+
+def _attend_values(probs: Array, cache_v: Array) -> Array:
+    """probs [B,E,R,T,S] over values [B,E,S,h] -> [B,T,E*R*h].
+
+    Written as one [R*T, S] x [S, h] product per (B, E), the output's [R*T, h] rows then moved
+    behind T. Asked for as [B,T,E,R,h] directly ("bkrts,bksh->btkrh"), XLA's CPU backend
+    lowered it to a dot with the cache as the transposed left operand, which its YNNPACK
+    fusions do not take: a plain dot 20x slower at Table 1's 2,304 slots, most of the decode
+    iteration's attention (experiments/LOG.md, 2026-12-06, session 22)."""
+    b, e, r, t, s = probs.shape
+    out = jnp.einsum("bkxs,bksh->bkxh", probs.reshape(b, e, r * t, s), cache_v)
+    return out.reshape(b, e, r, t, -1).transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
 
 
 class MLP(nnx.Module):
