@@ -7,6 +7,7 @@ cores.
 """
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -60,14 +61,15 @@ def test_the_splash_kernel_compiles_for_every_tpu_generation(preset):
 
 
 def test_a_qwen3_0_6b_gsm8k_cell_compiles_for_tpu_v7x_8_and_fits():
-    """Qwen3-0.6B's layer shapes (vocabulary, width, heads; 2 of its 28 layers) on GSM8K's caps,
-    co on tpu_v7x_8: the FSDP train step with the splash kernel, the engine's prefill, decode
-    and compaction, and the publication compile for TPU, and the verdict is XLA's."""
+    """Qwen3-0.6B's layer shapes (vocabulary, width, heads; 1 of its 28 layers: the compile
+    grows by a layer's worth per layer) on GSM8K's caps, co on tpu_v7x_8: the FSDP train step
+    with the splash kernel, the engine's prefill, decode and compaction, and the publication
+    compile for TPU, the verdict is XLA's, and each role's peak is within 10% of the plan's."""
     result = run_py(
         "model=qwen3_0_6b",
-        "model.num_layers=2",
+        "model.num_layers=1",
         "dataset=gsm8k",
-        "dataset.prompts_per_step=16",
+        "dataset.prompts_per_step=8",
         "hardware=tpu_v7x_8",
         "trainer.attention=splash",
         "dry_run=compile",
@@ -79,6 +81,13 @@ def test_a_qwen3_0_6b_gsm8k_cell_compiles_for_tpu_v7x_8_and_fits():
         assert f" {program} " in out, out
     assert "fits (XLA)" in out and "does not fit" not in out, out
     assert "Failed to find host bounds" not in result.stderr  # libtpu's warnings kept off
+    roles = re.search(
+        r"XLA: trainer ([\d.]+) GiB \(plan ([\d.]+)\), engine ([\d.]+) GiB \(plan ([\d.]+)\)", out
+    )
+    assert roles, out
+    trainer, trainer_plan, engine, engine_plan = map(float, roles.groups())
+    assert trainer == pytest.approx(trainer_plan, rel=0.10), out
+    assert engine == pytest.approx(engine_plan, rel=0.10), out
 
 
 def test_sizes_are_read_at_the_models_depth_on_the_line_through_two_cuts():
@@ -100,7 +109,7 @@ def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that
     result = run_py(
         "model=tiny",
         "dataset=gsm8k",
-        "dataset.prompts_per_step=1024",
+        "dataset.prompts_per_step=256",  # 18.6 GiB in one shot: over v5e's 15.75
         "trainer.accumulate=false",
         "hardware=tpu_v5e_4",
         "dry_run=compile",
