@@ -5,12 +5,12 @@ on any machine with libtpu) at the plan's resolved sizes. The layers of a decode
 copies of one block, so XLA's buffer sizes grow linearly with the layer count: each program is
 compiled at two cuts of the model (`layer_cuts`: 2 and 4 layers, or 2 and 4 periods of a
 Gemma4 local/global pattern; the whole model when it is that small) and each size is read at
-the model's own layer count from the line through the two. Where XLA fits a program at one cut
-and refuses it at the other (`cuts_agree`) the sizes are off that line, and the whole model is
-compiled instead. On Qwen3-0.6B's GSM8K train step
+the model's own layer count from the line through the two. On Qwen3-0.6B's GSM8K train step
 (v7x, 8 devices, splash attention), the line through 2 and 4 layers gives the 28-layer
 compile's temporaries within 3.0% and its arguments within 0.01% (experiments/LOG.md,
 session 20); compiling all 28 layers takes 226 s on 2 cores against 138 s for the two cuts.
+Where XLA refuses a program at a cut its figure is off that line (`cuts_on_a_line`), and the
+whole model is compiled instead.
 
 A role's peak per device is its largest program's footprint plus what stays alive beside it:
 colocated (co, single_controller), the train step also holds the engine's weights and the
@@ -103,13 +103,14 @@ def layer_cuts(model: ModelConfig) -> tuple[int, ...]:
     return (model.num_layers,) if model.num_layers <= cuts[1] else cuts
 
 
-def cuts_agree(cut: list[ProgramMemory], wider: list[ProgramMemory]) -> bool:
-    """Whether XLA laid out each program alike at both cuts: refused at both or at neither. A
-    program XLA fits at one cut and refuses at the other is not on one line (near the device's
-    memory XLA-TPU rematerialises on its own to fit, and its refusal names what it needs
-    without that): SWE's 4/4 split (App. F) read 348.5 GiB on the line through 2 and 4
-    layers, and 104.9 compiled whole (experiments/LOG.md, session 22)."""
-    return all((p.refusal is None) == (q.refusal is None) for p, q in zip(cut, wider, strict=True))
+def cuts_on_a_line(cut: list[ProgramMemory], wider: list[ProgramMemory]) -> bool:
+    """Whether XLA laid out every program at both cuts. A refusal's figure is not on the line
+    through the cuts (near the device's memory XLA-TPU rematerialises on its own to fit, and a
+    refusal names what it needs where it gave up): SWE's trainer on 32 devices (App. F's 4/4
+    split) read 348.5 GiB on the line through a laid-out 2-layer and a refused 4-layer cut, on
+    16 devices 173.5 through two refused cuts; compiled at their 28 layers XLA refuses them
+    needing 104.9 and 120.5 (experiments/LOG.md, session 22)."""
+    return all(p.refusal is None and q.refusal is None for p, q in zip(cut, wider, strict=True))
 
 
 def at_depth(cut: list[ProgramMemory], wider: list[ProgramMemory], cuts, layers: int):
@@ -160,7 +161,7 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
     devices = devices or topology_devices(config.hardware)
     cuts = layer_cuts(config.model)
     compiled = [compile_programs(shapes, devices, layers=n) for n in cuts]
-    if len(cuts) > 1 and not cuts_agree(*compiled):  # off the line: the whole model, once
+    if len(cuts) > 1 and not cuts_on_a_line(*compiled):  # a refusal: the whole model, once
         cuts = (shapes.model.num_layers,)
         compiled = [compile_programs(shapes, devices, layers=cuts[0])]
     programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
