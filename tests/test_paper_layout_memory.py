@@ -8,7 +8,7 @@ paper's ~140-token outputs), not at the caps (15,360 + 1,024 tokens each, 546.3 
 block remat). Its activations are bfloat16 over float32 weights: the paper's trainer is
 MaxText's, whose `dtype` is apart from its `weight_dtype`, as the SWE workload file sets
 `model.compute_dtype`; each block is rematerialised and attention is the splash kernel
-(MaxText's defaults, set by the experiment file). XLA-TPU's compile of this cell needs 155.5 GiB
+(MaxText's defaults, set by the experiment file). XLA-TPU refuses this trainer at 120.5 GiB
 (experiments/LOG.md, session 22); the plan here is the quick answer, arithmetic only.
 """
 
