@@ -9,8 +9,9 @@ the model's own layer count from the line through the two. On Qwen3-0.6B's GSM8K
 (v7x, 8 devices, splash attention), the line through 2 and 4 layers gives the 28-layer
 compile's temporaries within 3.0% and its arguments within 0.01% (experiments/LOG.md,
 session 20); compiling all 28 layers takes 226 s on 2 cores against 138 s for the two cuts.
-Where XLA refuses a program at a cut its figure is off that line (`cuts_on_a_line`), and the
-whole model is compiled instead.
+Near the device's memory the line does not hold: XLA-TPU rematerialises on its own to fit, and a
+refusal names what it needs where it gave up. Where a cut is refused (`cuts_on_a_line`) or the
+line reads a program past the device's memory, the whole model is compiled and decides.
 
 A role's peak per device is its largest program's footprint plus what stays alive beside it:
 colocated (co, single_controller), the train step also holds the engine's weights and the
@@ -105,11 +106,10 @@ def layer_cuts(model: ModelConfig) -> tuple[int, ...]:
 
 def cuts_on_a_line(cut: list[ProgramMemory], wider: list[ProgramMemory]) -> bool:
     """Whether XLA laid out every program at both cuts. A refusal's figure is not on the line
-    through the cuts (near the device's memory XLA-TPU rematerialises on its own to fit, and a
-    refusal names what it needs where it gave up): SWE's trainer on 32 devices (App. F's 4/4
-    split) read 348.5 GiB on the line through a laid-out 2-layer and a refused 4-layer cut, on
-    16 devices 173.5 through two refused cuts; compiled at their 28 layers XLA refuses them
-    needing 104.9 and 120.5 (experiments/LOG.md, session 22)."""
+    through the cuts: SWE's trainer on 16 devices read 173.5 GiB on the line through two
+    refused cuts; compiled at its 28 layers XLA refuses it needing 120.5. Two laid-out cuts
+    can be off it too near the memory: on 32 devices (App. F's 4/4 split) the line read 348.5
+    and the whole model is refused at 104.9 (experiments/LOG.md, session 22)."""
     return all(p.refusal is None and q.refusal is None for p, q in zip(cut, wider, strict=True))
 
 
@@ -165,6 +165,10 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
         cuts = (shapes.model.num_layers,)
         compiled = [compile_programs(shapes, devices, layers=cuts[0])]
     programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
+    limit = capacity_bytes(config.hardware)
+    if len(cuts) > 1 and any(p.footprint > limit for p in programs):  # near the memory: whole
+        cuts = (shapes.model.num_layers,)
+        programs = compile_programs(shapes, devices, layers=cuts[0])
     trainer_state, engine_weights = resident_bytes(shapes, devices)
     r = shapes.layout
     run = CompiledRun(
@@ -174,7 +178,7 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
         engine_weights=engine_weights,
         colocated=r.colocated,
         keeps_engine_weights=r.colocated and not config.rollout.release_weights_during_training,
-        limit=capacity_bytes(config.hardware),
+        limit=limit,
         plan=shapes.plan,
         target=target,
     )
