@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as PS
 
 from locoexp.compiled import topology
 from locoexp.compiled.programs import ProgramMemory
-from locoexp.compiled.verdict import at_depth, layer_cuts
+from locoexp.compiled.verdict import at_depth, cuts_on_a_line, layer_cuts
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
 from locoexp.model.attention import AttentionSpec, attend
@@ -100,6 +100,16 @@ def test_sizes_are_read_at_the_models_depth_on_the_line_through_two_cuts():
     assert layer_cuts(qwen) == (2, 4)
     assert layer_cuts(compose_config(["model=tiny_qwen"]).model) == (4,)  # compiled whole
     assert layer_cuts(compose_config(["model=gemma4_31b"]).model)[0] % 6 == 0  # whole periods
+
+
+def test_a_program_xla_refuses_at_a_cut_is_off_the_line_and_compiles_whole():
+    """Near the device's memory XLA-TPU rematerialises to fit, and a refusal names what it
+    needs where it gave up: such cuts do not extrapolate, and the whole model compiles."""
+    fits = ProgramMemory("trainer", "train_step", 1.0, 0.0, 0.0, 50.0, 1.0)
+    refused = dataclasses.replace(fits, temp=90.0, refusal="Ran out of memory on HBM")
+    assert cuts_on_a_line([fits], [fits])
+    assert not cuts_on_a_line([fits], [refused])
+    assert not cuts_on_a_line([refused], [refused])
 
 
 def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that_fits():

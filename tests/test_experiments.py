@@ -84,12 +84,22 @@ def test_every_cell_of_every_other_experiment_composes_into_the_typed_config(exp
 
 def test_paper_settings_reach_the_typed_config(compose):
     # the sweeper's order: a cell's group before the experiment file, whose body comes after
-    table3 = compose(["+workload=gsm8k", "+arm=co_optimized", "+experiment=stack_comparison"])
+    table3 = compose(
+        [
+            "+workload=gsm8k",
+            "+arm=co_optimized",
+            "hardware=tpu_v7x_8",
+            "+experiment=stack_comparison",
+        ]
+    )
+    assert (table3.trainer.remat.value, table3.trainer.attention.value) == ("block", "splash")
     assert (table3.steps, table3.dataset.batches_per_pass, table3.dataset.passes) == (40, 20, 2)
     assert (table3.dataset.prompts_per_step, table3.dataset.samples_per_prompt) == (128, 16)
     assert table3.model.param_dtype.value == "bfloat16"  # GSM8K: bf16 trainer weights
     assert table3.opt.freeze_gc and table3.placement.kind.value == "co"
     cell = compose(["+workload=numinamath_cot", "+co_da_cell=c64_da_50", "+experiment=co_vs_da"])
+    assert cell.model.compute_dtype.value == "bfloat16"  # MaxText's activations, fp32 weights
+    assert cell.model.param_dtype.value == "float32"
     assert (cell.hardware.chips, cell.split, cell.placement.kind.value) == (64, 0.5, "da")
     scale = compose(["+scale_cell=llama3_1_405b_tp16", "+experiment=scale_study"])
     assert (scale.rollout.tensor_parallel, scale.rollout.capacity) == (16, 256)  # 8 waves

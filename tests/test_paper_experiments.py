@@ -24,39 +24,26 @@ from locoexp.session.build import plan_setup
 # (experiment, cell): the paper ran it; the plan says it fits only by accumulating gradients.
 # The paper's layout is sized at the caps where the paper gives no real lengths (GSM8K and
 # NuminaMath: no output lengths), and at SWE's real mean sequence (`dataset.mean_sequence_tokens`)
-# in float32 activations, where the paper's MaxText/Tunix trainer computes in bfloat16 (SWE at 16
-# chips: 118.1 GiB here; tests/test_paper_layout_memory.py). The 4-chip single controller
-# (pathways_ratio, cost_to_learn): at one host the plan's roles cannot tell it from co.
+# with MaxText's trainer (bfloat16 activations over float32 weights, block remat, splash), where
+# SWE fits from 16 chips (XLA-TPU: tools/compile_paper_cells.py, experiments/LOG.md, session
+# 22). The 4-chip single controller (pathways_ratio, cost_to_learn): at one host the plan's roles
+# cannot tell it from co.
 NEEDS_ACCUMULATION = [
     ("stack_comparison", "numinamath_cot tpu_v7x_8 co_base"),
     ("stack_comparison", "numinamath_cot tpu_v7x_8 co_optimized"),
     ("stack_comparison", "numinamath_cot tpu_v7x_16 co_base"),
     ("stack_comparison", "numinamath_cot tpu_v7x_16 co_optimized"),
-    ("stack_comparison", "numinamath_cot tpu_v7x_32 co_base"),
-    ("stack_comparison", "numinamath_cot tpu_v7x_32 co_optimized"),
-    ("stack_comparison", "swe_agent tpu_v7x_16 co_base"),
-    ("stack_comparison", "swe_agent tpu_v7x_16 co_optimized"),
     ("co_vs_da", "gsm8k c16_da_25"),
     ("co_vs_da", "gsm8k c8_da_50"),
     ("co_vs_da", "numinamath_cot c128_da_12_5"),
-    ("co_vs_da", "numinamath_cot c128_da_25"),
     ("co_vs_da", "numinamath_cot c16_co"),
-    ("co_vs_da", "numinamath_cot c256_da_12_5"),
-    ("co_vs_da", "numinamath_cot c32_co"),
     ("co_vs_da", "numinamath_cot c32_da_25"),
     ("co_vs_da", "numinamath_cot c32_da_50"),
     ("co_vs_da", "numinamath_cot c64_da_12_5"),
     ("co_vs_da", "numinamath_cot c64_da_25"),
-    ("co_vs_da", "numinamath_cot c64_da_50"),
     ("co_vs_da", "numinamath_cot c8_co"),
-    ("co_vs_da", "swe_agent c128_da_12_5"),
-    ("co_vs_da", "swe_agent c16_co"),
-    ("co_vs_da", "swe_agent c32_da_50"),
-    ("co_vs_da", "swe_agent c64_da_25"),
     ("model_size", "numinamath_14b co_optimized"),
     ("model_size", "numinamath_32b co_optimized"),
-    ("model_size", "numinamath_8b co_optimized"),
-    ("model_size", "swe_8b co_optimized"),
     ("pathways_ratio", "tpu_v7x_4 single_controller"),
     ("pathways_ratio", "tpu_v7x_4 co_base"),
     ("cost_to_learn", "tpu_v7x_4 single_controller"),
@@ -85,6 +72,13 @@ def agrees(paper: str, plan: str) -> bool:
             return True
 
 
+# (experiment, cell): the paper did not fit it; the plan fits it. Table E1's SWE Qwen3-14B (TP2,
+# 128 chips): with the trainer's activations in bfloat16 (MaxText's `dtype`) the plan's trainer
+# fits at 78.1 GiB, and the engine's 79.4; the paper names no reason. What decides is XLA's
+# compile of the cell (tools/compile_paper_cells.py), not this plan.
+PLAN_FITS_WHAT_THE_PAPER_DID_NOT = [("model_size", "swe_14b co_optimized")]
+
+
 def jobs_by_cell(experiment: str) -> dict[str, list[list[str]]]:
     """The jobs of `python run.py -m +experiment=<name>`, by cell (its launches and seeds)."""
     cells: dict[str, list[list[str]]] = {}
@@ -101,7 +95,8 @@ def test_every_cell_of_a_paper_experiment_plans_as_the_paper_says(experiment):
     plans = {cell: plan_category(config) for cell, config in zip(cells, configs, strict=True)}
     assert set(plans) == set(table), "the file's grid is not the paper's table"
     disagree = {cell for cell, plan in plans.items() if not agrees(table[cell], plan)}
-    assert disagree == {cell for name, cell in NEEDS_ACCUMULATION if name == experiment}
+    listed = NEEDS_ACCUMULATION + PLAN_FITS_WHAT_THE_PAPER_DID_NOT
+    assert disagree == {cell for name, cell in listed if name == experiment}
 
 
 REPEATED = [e for e in PAPER_EXPERIMENTS if max(map(len, jobs_by_cell(e).values())) > 1]

@@ -5,11 +5,11 @@ chips, "needs 157.6 of 94.7 GiB per device". That figure is of one pass over the
 batch as the paper's trainer packed it: 2,048 sequences (256 x 8) over 16 devices at their real
 lengths (`dataset.mean_sequence_tokens`: 6,745 prompt tokens measured on the SWE rows, plus the
 paper's ~140-token outputs), not at the caps (15,360 + 1,024 tokens each, 546.3 GiB even with
-block remat). Its activations are bfloat16: the paper's trainer is MaxText/Tunix (Section 2),
-whose activations are bfloat16 whatever the weights' dtype; locoexp computes in its weights'
-dtype, so the nearest locoexp cell is `model.param_dtype=bfloat16` (state is 0.4 GiB per device
-either way; float32 activations plan 233.1 GiB). Each block is rematerialised (MaxText's
-default full remat). Arithmetic only: nothing is allocated.
+block remat). Its activations are bfloat16 over float32 weights: the paper's trainer is
+MaxText's, whose `dtype` is apart from its `weight_dtype`, as the SWE workload file sets
+`model.compute_dtype`; each block is rematerialised and attention is the splash kernel
+(MaxText's defaults, set by the experiment file). XLA-TPU refuses this trainer at 120.5 GiB
+(experiments/LOG.md, session 22); the plan here is the quick answer, arithmetic only.
 """
 
 import pytest
@@ -23,7 +23,7 @@ from locoexp.session.build import plan_setup
 
 GIB = 2**30
 SWE_CO_8 = ["+experiment=stack_comparison", "+workload=swe_agent", "hardware=tpu_v7x_8"]
-PAPER_LAYOUT = ["trainer.accumulate=false", "trainer.remat=block", "model.param_dtype=bfloat16"]
+PAPER_LAYOUT = ["trainer.accumulate=false"]  # the rest is the experiment files' own
 TABLE_3_GIB = 157.6
 
 

@@ -6,8 +6,9 @@ Each cell (one job of `python run.py -m +experiment=<name>`, launches and seeds 
 is compiled as `dry_run=compile` compiles it (locoexp/compiled; libtpu, no TPU) and set beside
 what the paper says of it (`planner.paper.PAPER`: ran, did not fit, not run). A compile of a
 0.6B-class cell takes minutes on two cores, so the whole set takes hours: each finished cell
-is appended to the cache file (one JSON line) and skipped when the tool is run again, and cells
-whose programs are the same (arms that differ only by O1-O4 or the admission path) compile
+is appended to the cache file (one JSON line) and skipped when the tool is run again while its
+programs are unchanged (a cell whose experiment files changed compiles again), and cells whose
+programs are the same (arms that differ only by O1-O4 or the admission path) compile
 once. `--layout paper` (the default) compiles the paper's trainer, every packed row in one
 pass (`trainer.accumulate=false`), which is what the paper's verdicts are about. Columns:
 experiment, cell, the paper's verdict and where it says so, the plan's trainer /
@@ -25,9 +26,10 @@ from locoexp.compiled.verdict import compile_run
 from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
 from locoexp.config import Config
 from locoexp.errors import ConfigError
+from locoexp.planner import resolve_plan
 from locoexp.planner.estimate import GIB
 from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS, cell_of
-from locoexp.session.build import config_as_dict
+from locoexp.session.build import config_as_dict, plan_setup
 
 # Keys that change no compiled program: the step loop's levers, repeats, logging and schedule.
 SAME_PROGRAMS = ("opt", "launch", "seed", "steps", "logger", "dry_run", "eval_every_steps")
@@ -55,6 +57,20 @@ def compile_cell(config: Config) -> dict:
         "seconds": result.compile_seconds,
         "programs": {f"{p.role}/{p.name}": [p.footprint / GIB, p.seconds] for p in result.programs},
     }
+
+
+def with_current_plan(config: Config, figures: dict) -> dict:
+    """The cached figures with the plan's peaks as the planner gives them now (the plan is
+    milliseconds; a cache written before a planner change keeps its XLA figures only); an
+    engine whose programs were not compiled (`rollout=vllm`) stays the plan's on both sides."""
+    if "refused" in figures:
+        return figures
+    plan = resolve_plan(plan_setup(config))
+    now = [plan.trainer_peak / GIB, plan.engine_peak / GIB]
+    xla = figures["xla"] if figures["engine_compiled"] else [figures["xla"][0], now[1]]
+    limit = config.hardware.memory_per_device_gib
+    fits = not figures.get("xla_refusal") and max(xla) <= limit
+    return figures | {"plan": now, "xla": xla, "fits": fits}
 
 
 def row(experiment: str, cell: str, figures: dict) -> str:
@@ -134,8 +150,9 @@ def main() -> None:
             if cell in seen or (args.cells and cell not in args.cells):
                 continue
             seen.add(cell)
-            if (experiment, cell, args.layout) not in done:
-                key = program_key(config)
+            key = program_key(config)
+            cached = done.get((experiment, cell, args.layout))
+            if cached is None or cached["key"] != key:  # new, or its files changed since
                 figures = by_programs.get(key) or compile_cell(config)
                 by_programs[key] = figures
                 entry = {"experiment": experiment, "cell": cell, "layout": args.layout}
@@ -143,7 +160,7 @@ def main() -> None:
                 done[(experiment, cell, args.layout)] = entry
                 with args.cache.open("a") as cache:
                     cache.write(json.dumps(entry) + "\n")
-            figures = done[(experiment, cell, args.layout)]["figures"]
+            figures = with_current_plan(config, done[(experiment, cell, args.layout)]["figures"])
             printed.append((experiment, cell, figures))
             print(row(experiment, cell, figures), flush=True)
     print()

@@ -9,6 +9,9 @@ the model's own layer count from the line through the two. On Qwen3-0.6B's GSM8K
 (v7x, 8 devices, splash attention), the line through 2 and 4 layers gives the 28-layer
 compile's temporaries within 3.0% and its arguments within 0.01% (experiments/LOG.md,
 session 20); compiling all 28 layers takes 226 s on 2 cores against 138 s for the two cuts.
+Near the device's memory the line does not hold: XLA-TPU rematerialises on its own to fit, and a
+refusal names what it needs where it gave up. Where a cut is refused (`cuts_on_a_line`) or the
+line reads a program past the device's memory, the whole model is compiled and decides.
 
 A role's peak per device is its largest program's footprint plus what stays alive beside it:
 colocated (co, single_controller), the train step also holds the engine's weights and the
@@ -101,6 +104,15 @@ def layer_cuts(model: ModelConfig) -> tuple[int, ...]:
     return (model.num_layers,) if model.num_layers <= cuts[1] else cuts
 
 
+def cuts_on_a_line(cut: list[ProgramMemory], wider: list[ProgramMemory]) -> bool:
+    """Whether XLA laid out every program at both cuts. A refusal's figure is not on the line
+    through the cuts: SWE's trainer on 16 devices read 173.5 GiB on the line through two
+    refused cuts; compiled at its 28 layers XLA refuses it needing 120.5. Two laid-out cuts
+    can be off it too near the memory: on 32 devices (App. F's 4/4 split) the line read 348.5
+    and the whole model is refused at 104.9 (experiments/LOG.md, session 22)."""
+    return all(p.refusal is None and q.refusal is None for p, q in zip(cut, wider, strict=True))
+
+
 def at_depth(cut: list[ProgramMemory], wider: list[ProgramMemory], cuts, layers: int):
     """Each program's sizes read at `layers` from the line through its two compiled cuts
     (compile seconds: both compiles together)."""
@@ -149,7 +161,14 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
     devices = devices or topology_devices(config.hardware)
     cuts = layer_cuts(config.model)
     compiled = [compile_programs(shapes, devices, layers=n) for n in cuts]
+    if len(cuts) > 1 and not cuts_on_a_line(*compiled):  # a refusal: the whole model, once
+        cuts = (shapes.model.num_layers,)
+        compiled = [compile_programs(shapes, devices, layers=cuts[0])]
     programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
+    limit = capacity_bytes(config.hardware)
+    if len(cuts) > 1 and any(p.footprint > limit for p in programs):  # near the memory: whole
+        cuts = (shapes.model.num_layers,)
+        programs = compile_programs(shapes, devices, layers=cuts[0])
     trainer_state, engine_weights = resident_bytes(shapes, devices)
     r = shapes.layout
     run = CompiledRun(
@@ -159,7 +178,7 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
         engine_weights=engine_weights,
         colocated=r.colocated,
         keeps_engine_weights=r.colocated and not config.rollout.release_weights_during_training,
-        limit=capacity_bytes(config.hardware),
+        limit=limit,
         plan=shapes.plan,
         target=target,
     )

@@ -1,10 +1,17 @@
 """Bytes per device of the trainer's step and of one rollout wave, term by term.
 
 Arithmetic only: nothing here allocates, traces or touches a device, so a plan of Llama-3.1-405B
-costs microseconds. Every term names the buffer it stands for; the constants that are not
-shapes (how many [L, L]-sized copies dense attention keeps, which phase of the step peaks) were
-read off XLA's buffer assignment of the compiled programs (`memory_analysis()`, checked in
-tests/test_planner_xla.py), not guessed.
+costs microseconds. It is the closed-form, quick answer: the dry run (`dry_run=true`), the
+micro-batches and capacity `trainer.micro_batch_rows=0` / `rollout.capacity=0` resolve to, the
+settings a refusal proposes, the start-up check's "clearly fits" below a third of the memory
+(`compiled/startup.py`) and the paper grids' plan column. What fits is decided by XLA's compile
+of the run's programs (`locoexp/compiled`), so the terms model a TPU's XLA: the quirks of XLA
+on CPU (bfloat16 matmuls in float32, remat folded back into the forward pass, ragged_dot as a
+masked product against every expert) are not modelled, and a CPU run above a third of its
+machine is compiled rather than planned. Every term names the buffer it stands for; the
+constants that are not shapes (how many [L, L]-sized copies dense attention keeps, which phase
+of the step peaks) were read off XLA's buffer assignment of compiled programs
+(`memory_analysis()`; tests/test_planner_xla.py checks them against XLA for TPU), not guessed.
 
 Glossary (bytes per element `a` of model.param_dtype, `a_s` of the sampler's dtype): n
 parameters, L trainer row tokens, m rows per micro-batch, H/K query/KV heads, h head_dim, D
@@ -33,12 +40,7 @@ and one AdamW update per batch:
     micro-batch's vjp, over that micro-batch's slots: the chunk's logits, the dW matmul's own
     [V, D] output beside the accumulator (XLA on CPU does not add a matmul into its operand)
     and the micro-batch's dLoss/dhidden (m*L*D at `a`) are alive with its activations (its
-    residuals) and the gradient sums. These head terms are per device as if unsharded: on a
-    4-device CPU mesh XLA splits them, so the plan is conservative there (1.5-1.8x).
-  float32 weights: on CPU the one-shot bfloat16 step also holds a float32 copy of its weights
-    (`_trainer_upcast`).
-  remat on CPU: XLA merges the recomputation back into the forward pass, so the activations
-    are those of `none` whatever `trainer.remat` says (`TrainerShape.remat_erased`).
+    residuals) and the gradient sums. These head terms are per device as if unsharded.
 Publication under `da` (`publication_bytes`): each trainer device gathers a whole replica in
   the sampler's dtype after its step; on a CPU machine Ray's object store is sized to hold
   the published versions (`plan.object_store_bytes`).
@@ -51,9 +53,7 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
     probabilities; four with a bfloat16 sampler, which also casts them) and the prompt's
     P'-slot KV cache (the chunk loop's carry, widened to S slots after); decode: the
     float32 [s, V] logits, two copies (logits and log-softmax), split by vocabulary with the
-    head (a top-k sampler gathers them: not counted); on CPU a bfloat16 sampler's programs
-    also hold float32 copies of its weights (`_upcast`), and a mixture of experts' prefill
-    one masked expert product per chunk token.
+    head (a top-k sampler gathers them: not counted).
 Mixture of experts (locoexp/model/moe.py; E experts, k per token, I expert width, EP degree e):
   the [E, ...] expert stacks are split E/e per device (the engine's `rollout.expert_parallel`,
   the trainer's `trainer.expert_parallel`; FSDP already splits the trainer's, so there EP
@@ -62,8 +62,9 @@ Mixture of experts (locoexp/model/moe.py; E experts, k per token, I expert width
   takes every token of its expert group (e times its own in the trainer, whose rows are split
   over `expert`; the engine's replica already shares its rows) and holds, per MoE layer, the
   routed copies [N*k, D], the experts' gate, up and GLU outputs [N*k, I] each, their output
-  [N*k, D] and the float32 router logits and probabilities [N, E]; the backward pass keeps them
-  per layer, the engine one layer's in a prefill chunk or a decode step.
+  [N*k, D] and the float32 router logits and probabilities [N, E] (grouped matmuls: a TPU's
+  ragged_dot holds no product against experts a token is not routed to); the backward pass
+  keeps them per layer, the engine one layer's in a prefill chunk or a decode step.
 """
 
 import dataclasses
@@ -117,12 +118,6 @@ class TrainerShape:
     # low-rank activations x A every block keeps for the backward pass (PEFT's dropout-free
     # path: one [tokens, r] per projection), which grow with `adapter.rank`
     adapter_rank_per_block: int = 0
-    float32_matmuls: bool = False  # bfloat16 matmuls computed in float32 (XLA on CPU)
-    # The backend merges remat's recomputation back into the forward pass, so every policy
-    # keeps what `none` keeps (XLA on CPU: its OptimizationBarrierExpander runs before common-
-    # subexpression elimination, which then folds the recomputed forward into the original;
-    # memory_analysis() is the same for none, block and save_matmuls, tests/test_planner_xla.py).
-    remat_erased: bool = False
     expert_parallel: int = 1  # e, the trainer's `expert` axis
 
     @property
@@ -148,7 +143,6 @@ class TrainerMemory:
     head_chunk: int  # one chunk's logits and the hidden states' gradient at the head's input
     head_in_micro_batches: bool  # the head runs beside the activations and gradient sums
     offloaded: int  # remat=offload: saved activations in host memory (not on the device)
-    upcast: int = 0  # float32 copies of bfloat16 weights (`_trainer_upcast`)
     # adapter=lora: the merged policy W + s A B publication builds after the step (`Trainer.
     # params`), a shard of the base beside the resident state
     merged: int = 0
@@ -161,7 +155,6 @@ class TrainerMemory:
     @property
     def total(self) -> int:
         transient = self.inputs + self.gathered_block + self.activations + self.head_gradient
-        transient += self.upcast
         if self.head_in_micro_batches:
             return self.resident + transient + self.gradients + self.head_chunk
         return self.resident + transient + max(self.gradients, self.head_chunk)
@@ -178,25 +171,16 @@ def _block_elements_per_token(c: ModelConfig) -> int:
     )
 
 
-def _routed_per_token(
-    c: ModelConfig, expert_parallel: int, *, dense_groups: bool, gathered: bool = True
-) -> int:
+def _routed_per_token(c: ModelConfig, expert_parallel: int, *, gathered: bool = True) -> int:
     """Bytes of one MoE layer's routed buffers per token of the device's own (see the module
     docstring): the k routed copies of the token and their combined output (2D), the gate, up
     and GLU activations (3I), at `a`, for every token of the expert group (e of them per own
     token; `gathered=False` for the engine, whose expert group shares its rows), and the
-    float32 router logits and probabilities (2E). 0 for a dense model.
-    `dense_groups`: the backend lowers `ragged_dot` as a matmul against every local expert,
-    masked (XLA on CPU; a TPU runs grouped matmuls), so the gate, up and down outputs exist
-    E/e times: [E/e, N*k, I] twice and [E/e, N*k, D]. Measured (a 2-layer Qwen3-MoE, 8 experts,
-    2 rows of 256 tokens x 4, tests/test_moe_plan_xla.py): 18.5 KB per token and layer beyond
-    the dense terms, against 18.2 KB counted so."""
+    float32 router logits and probabilities (2E). 0 for a dense model."""
     if not c.moe:
         return 0
     k, d, i = c.experts_per_token, c.hidden_dim, c.expert_mlp_dim
     routed = k * (2 * d + 3 * i)
-    if dense_groups:
-        routed = k * (2 * d + i + c.num_experts // expert_parallel * (2 * i + d))
     group = expert_parallel if gathered else 1
     return group * routed * BYTES[c.activation_dtype] + 2 * c.num_experts * F32
 
@@ -234,9 +218,7 @@ def _saved_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         case RematPolicy.none:
             per_block = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
             per_block += low_rank
-            per_block += _float32_copies_per_token(c) + _routed_per_token(
-                c, shape.expert_parallel, dense_groups=shape.float32_matmuls
-            )
+            per_block += _float32_copies_per_token(c) + _routed_per_token(c, shape.expert_parallel)
         case RematPolicy.block:
             per_block = c.hidden_dim * a
         case RematPolicy.save_matmuls:  # XLA keeps the float32 copies too (measured)
@@ -253,9 +235,7 @@ def _working_per_token(c: ModelConfig, shape: TrainerShape) -> int:
         return 0  # already counted in what every block keeps
     a = BYTES[c.activation_dtype]
     recomputed = _block_elements_per_token(c) * a + _attention_bytes_per_token(c, shape)
-    recomputed += _float32_copies_per_token(c) + _routed_per_token(
-        c, shape.expert_parallel, dense_groups=shape.float32_matmuls
-    )
+    recomputed += _float32_copies_per_token(c) + _routed_per_token(c, shape.expert_parallel)
     recomputed += shape.adapter_rank_per_block * a
     if shape.remat is RematPolicy.offload:  # this block's saved outputs, back from the host
         recomputed += _matmul_outputs_per_token(c) * a
@@ -287,8 +267,6 @@ def _head_gradient(c: ModelConfig, *, micro: bool, devices: int) -> int:
 
 def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:
     """Bytes per device of one FSDP trainer device holding `shape`; `n` parameters."""
-    if shape.remat_erased:
-        shape = dataclasses.replace(shape, remat=RematPolicy.none)
     a, dt = BYTES[c.param_dtype], shape.devices
     base = math.ceil(n / dt) * a
     trained = shape.adapter_parameters or n  # what gradients and AdamW state are kept for
@@ -319,7 +297,6 @@ def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemo
         head_chunk=head_states + chunk * c.vocab_size * F32,
         head_in_micro_batches=micro,
         offloaded=offloaded,
-        upcast=_trainer_upcast(c, n, shape),
         merged=base if shape.adapter_parameters else 0,
     )
 
@@ -330,17 +307,6 @@ def _gathered_block(c: ModelConfig, expert_parallel: int) -> int:
     if not c.moe:
         return count_block_parameters(c)
     return count_block_parameters(c, experts=c.num_experts // expert_parallel)
-
-
-def _trainer_upcast(c: ModelConfig, n: int, shape: TrainerShape) -> int:
-    """XLA on CPU computes bfloat16 matmuls in float32 (see `_upcast`): the one-shot step holds
-    a float32 copy of its weights through the forward and backward passes. Measured (8 layers,
-    V 32,768, D 512, 2 rows of 64; tests/test_planner_xla.py): XLA 593 MB against a plan of 427
-    MB without the copy (164 MB). The micro-batched step's float32 gradient copies (`gradients`)
-    already cover it there (plan / XLA 1.11 at that shape)."""
-    if not shape.float32_matmuls or c.param_dtype != DType.bfloat16 or shape.micro_batches > 1:
-        return 0
-    return math.ceil(n / shape.devices) * F32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -357,8 +323,6 @@ class EngineShape:
     # keeps every request's outputs and prompt on each device, and compacting its last rows
     # briefly holds a cache of at most half the slots beside the whole one.
     continuous_requests: int = 0
-    # the backend computes the sampler's bfloat16 matmuls in float32 (XLA on CPU): `_upcast`
-    float32_matmuls: bool = False
     expert_parallel: int = 1  # e: each replica is e x t devices, the experts split E/e
 
 
@@ -372,16 +336,10 @@ class EngineMemory:
     decode: int  # one decode iteration's logits
     outputs: int  # tokens and log-probs of the wave (continuous: of every request, + prompts)
     compaction: int = 0  # continuous batching: the narrower cache beside the whole one
-    # float32 copies of bfloat16 weights the prefill and decode programs hold (`_upcast`; 0
-    # where matmuls run in bfloat16)
-    prefill_upcast: int = 0
-    decode_upcast: int = 0
 
     @property
     def total(self) -> int:
-        transient = max(
-            self.prefill + self.prefill_upcast, self.decode + self.decode_upcast, self.compaction
-        )
+        transient = max(self.prefill, self.decode, self.compaction)
         return self.weights + self.kv_cache + transient + self.outputs
 
 
@@ -428,28 +386,17 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)
     sampler = dataclasses.replace(c, param_dtype=shape.dtype)
-    # dense_groups=False: the engine's forward-only programs never hold all three masked
-    # [E/e, N*k, I|D] products at once; XLA on CPU keeps one [E/e, N*k, I] beside a prefill
-    # chunk's routed buffers (a tiny Qwen3-MoE wave, tests/test_moe_plan_xla.py: plan / XLA
-    # 1.07 with it, 0.69 without, once the chunk's scores span P' slots instead of S)
-    routed = _routed_per_token(sampler, shape.expert_parallel, dense_groups=False, gathered=False)
-    if c.moe and shape.float32_matmuls:
-        experts = c.num_experts // shape.expert_parallel
-        masked = experts * c.experts_per_token * c.expert_mlp_dim * BYTES[shape.dtype]
-    else:
-        masked = 0
+    routed = _routed_per_token(sampler, shape.expert_parallel, gathered=False)
     return EngineMemory(
         weights=weights,
         kv_cache=kv_cache,
         # a chunk attends the prompt's P slots; its cache is widened to S after
         prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * shape.prompt_tokens * F32
         + kv_cache * shape.prompt_tokens // slots
-        + s * chunk * (routed + masked),
+        + s * chunk * routed,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size // vocab_shards(c, t) * F32 + s * routed,
         outputs=_engine_outputs(shape),
         compaction=kv_cache // 2 if shape.continuous_requests else 0,
-        prefill_upcast=_upcast(c, shape, decode=False),
-        decode_upcast=_upcast(c, shape, decode=True),
     )
 
 
@@ -466,19 +413,3 @@ def publication_bytes(c: ModelConfig, dtype: DType) -> int:
     trainer host all-gathers after its step (`ray_hosts.publish_to_object_store`, beside its
     params and AdamW state), and what one published version occupies in Ray's object store."""
     return _engine_weight_elements(c, 1) * BYTES[dtype]
-
-
-def _upcast(c: ModelConfig, shape: EngineShape, *, decode: bool) -> int:
-    """XLA on CPU has no bfloat16 matmul: it converts each bfloat16 weight to float32, once per
-    program (the weights are loop-invariant: the conversions are hoisted out of the decode
-    loop). Measured (`memory_analysis()` temporaries, 8 layers, V 32,768, D 512, 2 sequences):
-    prefill holds one float32 copy of the weights; decode one too, plus, for a tied embedding,
-    two more of the embedding (its lookup and the transposed head): 297.8 MB beside 163.6 MB
-    of float32 weights and a 67.1 MB embedding (untied: 231.0 MB, the weights alone).
-    Qwen3-0.6B, tied, 2 sequences: decode 3.63 GB beside 1.19 GB of bfloat16 weights."""
-    if not shape.float32_matmuls or shape.dtype != DType.bfloat16:
-        return 0
-    elements = _engine_weight_elements(c, shape.tensor_parallel, shape.expert_parallel)
-    if decode and c.tie_embeddings:
-        elements += 2 * c.vocab_size * c.hidden_dim // vocab_shards(c, shape.tensor_parallel)
-    return elements * F32

@@ -91,7 +91,6 @@ def _trainer_shape(
     devices: int,
     micro: int,
     kl: bool,
-    xla_cpu: bool,
     adapter_parameters: int = 0,
     adapter_saved_parameters: int = 0,
     adapter_rank_per_block: int = 0,
@@ -121,8 +120,6 @@ def _trainer_shape(
         adapter_parameters=adapter_parameters,
         adapter_saved_parameters=adapter_saved_parameters,
         adapter_rank_per_block=adapter_rank_per_block,
-        float32_matmuls=xla_cpu,
-        remat_erased=xla_cpu,
         expert_parallel=expert_parallel,
     )
 
@@ -145,7 +142,6 @@ def _engine_shape(
     *,
     sequences: int,
     requests: int,
-    float32_matmuls: bool,
     expert_parallel: int = 1,
 ) -> EngineShape:
     continuous = rollout.engine is EngineKind.jax and rollout.scheduler is Scheduler.continuous
@@ -156,7 +152,6 @@ def _engine_shape(
         new_tokens=dataset.max_new_tokens,
         prefill_chunk=rollout.prefill_chunk_tokens,
         dtype=rollout.param_dtype or model.param_dtype,
-        float32_matmuls=float32_matmuls,
         continuous_requests=requests if continuous else 0,
         expert_parallel=expert_parallel,
     )
@@ -204,15 +199,12 @@ class Setup:
 def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
     """The plan at `micro` rows per micro-batch and `per_replica` sequences per engine replica."""
     m, r = setup.model, setup.layout
-    # XLA on CPU computes bfloat16 matmuls in float32 and erases remat (estimate.TrainerShape)
-    cpu = setup.hardware.platform == "cpu"
     tshape = _trainer_shape(
         setup.dataset,
         setup.trainer,
         devices=r.trainer_hosts * setup.hardware.devices_per_host,
         micro=micro,
         kl=setup.kl_reference,
-        xla_cpu=cpu,
         adapter_parameters=setup.adapter.count_parameters(m),
         adapter_saved_parameters=setup.adapter.count_saved(m),
         adapter_rank_per_block=setup.adapter.rank * len(adapted_targets(setup.adapter, m))
@@ -226,7 +218,6 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         setup.rollout,
         sequences=per_replica,
         requests=setup.requests_per_engine,
-        float32_matmuls=cpu,
         expert_parallel=setup.engine_expert_parallel,
     )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)

@@ -50,7 +50,6 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         else f"max(gradients, head chunk {_gib(t.head_chunk)})",
     ]
     terms += [f"KL reference {_gib(t.reference)}"] if setup.kl_reference else []
-    terms += [f"float32 weights (XLA on CPU) {_gib(t.upcast)}"] if t.upcast else []
     held = roles.colocated and not setup.rollout.release_weights_during_training
     terms += [f"engine weights {_gib(plan.engine.weights)}"] if held else []
     tail = f", {_gib(t.offloaded)} GiB offloaded to host" if t.offloaded else ""
@@ -66,7 +65,7 @@ def _trainer_line(setup: Setup, plan: Plan) -> str:
         f"({_trainer_parallelism(setup, s)}), "
         f"{s.rows} rows x {s.row_tokens} tokens per device in {_n(s.micro_batches, 'micro-batch')}"
         f" of {s.micro_batch_rows} (trainer.micro_batch_rows), attention={s.attention.value}, "
-        f"remat={s.remat.value}{_erased(s)}; {_gib(plan.trainer_peak)} GiB per device = "
+        f"remat={s.remat.value}; {_gib(plan.trainer_peak)} GiB per device = "
         + " + ".join(terms)
         + tail
     )
@@ -104,22 +103,12 @@ def _object_store(plan: Plan) -> str:
     )
 
 
-def _erased(s: TrainerShape) -> str:
-    if not s.remat_erased or s.remat is RematPolicy.none:
-        return ""
-    return " (saves nothing on CPU: XLA merges the recomputation into the forward pass)"
-
-
 def _engine_line(setup: Setup, plan: Plan) -> str:
     e, s, roles = plan.engine, plan.engine_shape, setup.layout
     terms = [
         f"weights {_gib(e.weights)}",
         f"KV cache {_gib(e.kv_cache)}",
-        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)}{_compaction(e)})"
-        if not e.decode_upcast
-        else f"max(prefill chunk {_gib(e.prefill)} + float32 weights {_gib(e.prefill_upcast)}, "
-        f"decode logits {_gib(e.decode)} + float32 weights {_gib(e.decode_upcast)} (XLA on "
-        f"CPU computes bfloat16 matmuls in float32){_compaction(e)})",
+        f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)}{_compaction(e)})",
         f"outputs {_gib(e.outputs)}",
     ]
     terms += [f"trainer params and AdamW {_gib(plan.trainer.resident)}"] if roles.colocated else []
