@@ -91,17 +91,20 @@ def test_an_architecture_vllm_lacks_is_refused_by_name():
 
 
 @pytest.mark.parametrize(
-    "key, value",
+    "key, typed, value",
     [
-        ("data_parallel", 2),
-        ("memory_fraction", 0.5),
-        ("kv_cache_gib", 1.0),
-        ("enforce_eager", True),
+        ("data_parallel", "2", 2),
+        ("memory_fraction", "0.5", 0.5),
+        ("kv_cache_gib", "1.0", 1.0),
+        ("enforce_eager", "true", True),
     ],
 )
-def test_vllm_only_keys_are_refused_under_rollout_jax(key, value):
-    with pytest.raises(ConfigError, match=f"rollout.{key}=.*rollout=vllm only"):
-        RolloutConfig(engine=EngineKind.jax, **{key: value})
+def test_vllm_only_keys_are_refused_under_rollout_jax(key, typed, value):
+    """The run's config refuses them (locoexp.applies); the engine's own config takes them."""
+    from locoexp.compose import compose_config
+
+    with pytest.raises(ConfigError, match=f"rollout.{key}=.* applies only to rollout=vllm"):
+        compose_config(["logger=none", f"rollout.{key}={typed}"])
     RolloutConfig(engine=EngineKind.vllm, **{key: value})
 
 
