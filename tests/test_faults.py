@@ -39,7 +39,6 @@ from locoexp.metrics.wandb_logger import RUN_ID_FILE, build_logger
 from locoexp.model.checkpoint import check_checkpoint, save_checkpoint
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
-from locoexp.planner.plan import machine_memory_gib
 from locoexp.session.build import config_as_dict
 from locoexp.tokenizer.digits import DigitTokenizer
 
@@ -162,29 +161,6 @@ def _an_uncached_hub_id(tmp_path, stack):
     return tmp_path / "run", args, tmp_path, ["locoexp-test/absent", "hf download"]
 
 
-def _the_used_by_line_on_a_small_machine(tmp_path, stack):
-    if machine_memory_gib() > 40:
-        pytest.skip("the used-by line fits in this machine's memory")
-    data = Path("/work/shared/data/gsm8k")
-    if not (data / "train.jsonl").exists():
-        pytest.skip("no local GSM8K rows")
-    args = [
-        "model=qwen3_0_6b",
-        "dataset=gsm8k",
-        "placement=da",
-        "split=0.25",
-        f"dataset.data_files={data / 'train.jsonl'}",
-        f"dataset.eval_data_files={data / 'test.jsonl'}",
-    ]
-    # the plan's proposal (co, one host, bfloat16) once ran out of memory at step 0 (issue 44):
-    # XLA's compile of the run and of that proposal now decides, before anything is allocated
-    named = [
-        "does not fit: XLA compiled the run's programs for cpu",
-        "do not fit either (compiled)",
-    ]
-    return tmp_path / "run", args, tmp_path, named
-
-
 CASES = {
     "read-only file system": _read_only,
     "a path under /proc": _under_proc,
@@ -196,7 +172,6 @@ CASES = {
     "a rerun with another learning rate": _a_rerun_with_another_learning_rate,
     "resume=must on a fresh directory": _resume_must_on_a_fresh_directory,
     "an uncached Hub id": _an_uncached_hub_id,
-    "the used-by line on a 24 GiB machine": _the_used_by_line_on_a_small_machine,
 }
 
 

@@ -32,6 +32,26 @@ def test_a_small_run_is_decided_by_the_plan_alone():
     assert startup.judged(config) is None
 
 
+def test_a_run_on_a_tpu_slice_always_compiles(monkeypatch):
+    """On a slice the plan ranged from 0.11 to 1.41 of XLA-TPU's peak: however small its share,
+    it never decides alone."""
+    config = compose_config(["hardware=tpu_v5e_4"])
+    plan = resolve_plan(plan_setup(config))
+    assert startup.plan_share(config, plan) <= startup.PLAN_ALONE_BELOW
+    assert not startup.plan_decides(config, plan)
+    compiled = []
+
+    @dataclasses.dataclass
+    class Fits:  # XLA's verdict, as `compile_in_child` returns it
+        fits: bool = True
+
+    monkeypatch.setattr(
+        startup, "compile_in_child", lambda config: compiled.append(config) or Fits()
+    )
+    monkeypatch.setattr(startup, "_JUDGED", {})
+    assert startup.check_memory(config).fits and compiled == [config]
+
+
 def test_the_plan_counts_the_low_rank_activations_of_every_adapted_projection():
     """`adapter.rank` grows the activations: one [tokens, r] per projection per block."""
 

@@ -18,6 +18,7 @@ temporary bytes per device (`ProgramMemory`). It never runs a program.
 """
 
 import dataclasses
+import hashlib
 import math
 import re
 import time
@@ -95,9 +96,25 @@ def _refused(role: str, name: str, error: Exception, seconds: float) -> ProgramM
     return ProgramMemory(role, name, 0.0, 0.0, 0.0, need, seconds, refusal=sentence.strip())
 
 
-def _compiled(role: str, name: str, lower) -> ProgramMemory:
+# (role, name, the lowered module's digest, the devices) -> XLA's figures, in this process: a
+# program met again with the same module on the same devices is not compiled again (a refusal's
+# proposal that changes only the trainer reuses the engine's programs; so do a sweep's jobs that
+# differ only in what one role reads). Its `seconds` then read 0: no compile was spent.
+_SEEN: dict[tuple, ProgramMemory] = {}
+
+
+def _compiled(role: str, name: str, lower, mesh: jax.sharding.Mesh) -> ProgramMemory:
     begin = time.perf_counter()
     lowered = lower()
+    devices = tuple((d.platform, d.device_kind, d.id) for d in mesh.devices.flat)
+    key = (role, name, hashlib.sha256(lowered.as_text().encode()).hexdigest(), devices)
+    if key in _SEEN:
+        return dataclasses.replace(_SEEN[key], seconds=0.0)
+    _SEEN[key] = _compile(role, name, lowered, begin)
+    return _SEEN[key]
+
+
+def _compile(role: str, name: str, lowered, begin: float) -> ProgramMemory:
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as error:  # XLA-TPU refuses what exceeds the device
@@ -154,15 +171,15 @@ def build_engine(shapes: RunShapes, model: ModelConfig, devices: list) -> JaxEng
 def trainer_programs(shapes: RunShapes, trainer: Trainer) -> list[ProgramMemory]:
     t, devices = shapes.plan.trainer_shape, trainer.devices
     batch = trainer.abstract_batch(t.rows * devices, t.row_tokens, t.loss_slots * devices)
-    out = [_compiled("trainer", "train_step", lambda: trainer.lower_step(batch))]
+    out = [_compiled("trainer", "train_step", lambda: trainer.lower_step(batch), trainer.mesh)]
     dtype = jnp.dtype((shapes.rollout.param_dtype or shapes.model.param_dtype).value)
     if shapes.adapter.trains_adapters:
-        out.append(_compiled("trainer", "lora_merge", trainer.lower_merge))
+        out.append(_compiled("trainer", "lora_merge", trainer.lower_merge, trainer.mesh))
         policy = trainer.policy_shapes
     else:
         policy = trainer.trainable
     publish = lambda: replicator(trainer.mesh, dtype).lower(policy)  # noqa: E731
-    out.append(_compiled("trainer", "publish", publish))
+    out.append(_compiled("trainer", "publish", publish, trainer.mesh))
     return out
 
 
@@ -193,13 +210,15 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
     floor = widths[1] if len(widths) > 1 else 0
     with expert_mesh(engine.mesh):
         start = slots.jit("start", static)
-        out = [_compiled("engine", "prefill", lambda: start.lower(engine.params, placed, key))]
+        prefill = lambda: start.lower(engine.params, placed, key)  # noqa: E731
+        out = [_compiled("engine", "prefill", prefill, engine.mesh)]
         state = jax.eval_shape(start, engine.params, placed, key)
         run = slots.jit("run", (*static, floor, continuous))
-        out.append(_compiled("engine", "decode", lambda: run.lower(engine.params, state, placed)))
+        loop = lambda: run.lower(engine.params, state, placed)  # noqa: E731
+        out.append(_compiled("engine", "decode", loop, engine.mesh))
         if floor:
             compact = slots.jit("compact", (call, floor, requests, width))
-            out.append(_compiled("engine", "compact", lambda: compact.lower(state)))
+            out.append(_compiled("engine", "compact", lambda: compact.lower(state), engine.mesh))
     return out
 
 

@@ -3,14 +3,15 @@
 `preflight.check_run` calls `check_memory(config, job)` before the run directory is written or
 anything is allocated. The plan (`locoexp.planner`) stays the quick, closed-form answer, in
 milliseconds: the dry run (`dry_run=true`), the sizes it resolves and proposes (micro-batches,
-capacity, the settings a refusal names) and the paper grids' verdicts in the tests. It decides
-alone while it uses at most `PLAN_ALONE_BELOW` of the memory it may use; above that, and
-whenever it says the run does not fit, the run's programs are compiled by XLA in a child
-process (`python -m locoexp.compiled.startup`): with `hardware=cpu` on this machine's CPU with
-the run's device count, on a TPU slice for its topology (libtpu; nothing is allocated on the
-chips). XLA's memory analysis (`verdict.compile_run`) then decides: a run the plan refuses
-starts when XLA fits it, and a run the plan fits is refused when XLA does not, in one sentence
-with XLA's figure and a proposal of the plan that XLA compiled and fits.
+capacity, the settings a refusal names) and the paper grids' verdicts in the tests. On a CPU
+machine it decides alone while it uses at most `PLAN_ALONE_BELOW` of the memory it may use.
+Above that, whenever it says the run does not fit, and for every run on a TPU slice, the run's
+programs are compiled by XLA in a child process (`python -m locoexp.compiled.startup`): with
+`hardware=cpu` on this machine's CPU with the run's device count, on a TPU slice for its
+topology (libtpu; nothing is allocated on the chips). XLA's memory analysis
+(`verdict.compile_run`) then decides: a run the plan refuses starts when XLA fits it, and a run
+the plan fits is refused when XLA does not, in one sentence with XLA's figure and a proposal of
+the plan that XLA compiled and fits.
 
 The margin a "fits" keeps for what XLA's buffers leave out: on a CPU machine the local processes
 may use 90% of its memory (`planner.plan.SHARED_MEMORY_USABLE`), each process counted with its
@@ -37,10 +38,12 @@ from locoexp.hardware.config import ChipKind
 from locoexp.planner.fit import check_fit
 from locoexp.planner.plan import Plan, capacity_bytes, shared_memory
 
-# The plan decides alone below this share of the memory: the largest XLA / plan ratio measured
-# on a run's peak is 1.75 (Qwen3-0.6B on GSM8K, co, this CPU: XLA 36.5 GiB for all processes
-# against the plan's 20.9, the decode loop's temporaries; experiments/LOG.md, session 21), so a
-# third leaves room for 3x.
+# On a CPU machine the plan decides alone below this share of the memory: the largest XLA /
+# plan ratio measured on a run's peak there is 1.75 (Qwen3-0.6B on GSM8K, co: XLA 36.5 GiB for
+# all processes against the plan's 20.9, the decode loop's temporaries; experiments/LOG.md,
+# session 21), so a third leaves room for 3x. On a TPU slice no share is safe: the plan ranged
+# from 0.11 to 1.41 of XLA-TPU's peak over the paper's cells compiled (LOG, session 22), so a
+# run on a slice always compiles (`plan_decides`).
 PLAN_ALONE_BELOW = 1 / 3
 
 # repr(config) -> the config XLA compiled and fits (itself, or with a size left to the plan
@@ -58,6 +61,13 @@ def plan_share(config: Config, plan: Plan) -> float:
     return max(plan.trainer_peak, plan.engine_peak) / limit
 
 
+def plan_decides(config: Config, plan: Plan) -> bool:
+    """Whether the plan alone may let `config` start: a CPU run below `PLAN_ALONE_BELOW` of the
+    memory; never a TPU run."""
+    cpu = config.hardware.chip is ChipKind.cpu
+    return cpu and plan_share(config, plan) <= PLAN_ALONE_BELOW
+
+
 def judged(config: Config) -> Config | None:
     """Where this process compiled `config` at start-up: the config XLA fits (`config`, or its
     auto-sized micro-batches or capacity shrunk until XLA fits them); else None (the plan's)."""
@@ -72,7 +82,7 @@ def check_memory(config: Config, job: list[str] | None = None):
 
     setup = plan_setup(config)
     plan = check_fit(setup, memory=False)  # TP and EP degrees refuse here, before any compile
-    if plan_share(config, plan) <= PLAN_ALONE_BELOW:
+    if plan_decides(config, plan):
         return None
     result = compile_in_child(config)
     if result.fits:
