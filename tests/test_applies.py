@@ -195,7 +195,7 @@ class Reads:
         return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__})
 
 
-def _lowered_only(role, name, lower):
+def _lowered_only(role, name, lower, mesh):
     lower()  # traces the program with the run's config; XLA's compile is not needed
     return programs.ProgramMemory(role, name, 0.0, 0.0, 0.0, 0.0, 0.0)
 
