@@ -1,11 +1,13 @@
-"""`adapter=lora` under every placement: the engines sample with the adapted policy.
+"""`adapter=lora` under both publication paths: the engines sample with the adapted policy.
 
 Publication merges the adapters into the base (W + (alpha / r) A B, `Trainer.params`) beside the
-embedding trained in full (`adapter.modules_to_save`), so under co and single_controller
-(staleness 0) the trainer's recomputed log-probs equal the sampler's at every step, while the KL
-term against the base (the initial policy) shows the policy moved; a sampler still holding the
-base weights would show a gap as large as that KL. Under da (through Ray's object store, one step
-stale) the run completes with the adapters moving the policy.
+embedding trained in full (`adapter.modules_to_save`), so under co (staleness 0) the trainer's
+recomputed log-probs equal the sampler's at every step, while the KL term against the base (the
+initial policy) shows the policy moved; a sampler still holding the base weights would show a
+gap as large as that KL. Under da (through Ray's object store, one step
+stale) the run completes with the adapters moving the policy. The merge is the trainer's, before
+any placement's publication: single_controller's publication of merged weights is its plain
+one (test_step_loop), so it is not run again here.
 """
 
 import numpy as np
@@ -27,7 +29,6 @@ COMMON = [
 ]  # fmt: skip
 PLACEMENTS = {
     "co": ["placement=co", "hardware.hosts=2"],
-    "single_controller": ["placement=single_controller", "hardware.hosts=2"],
     "da": ["placement=da", "split=0.5", "hardware.hosts=2"],
 }
 
