@@ -82,6 +82,30 @@ def test_remat_gives_the_plain_step(policy):
     assert_same_step(TrainerConfig(logit_chunk_tokens=16, remat=policy), GRPO)
 
 
+def test_rematerialised_blocks_are_one_scan_and_differing_blocks_stay_unrolled():
+    """XLA-TPU schedules unrolled checkpointed blocks' recomputations together (no memory
+    saved); a scan recomputes one block per backward iteration (`transformer.scanned_blocks`).
+    Gemma4's local and global layers differ in structure and keep the unrolled path."""
+    from locoexp.compose import compose_config  # noqa: PLC0415
+    from locoexp.model.attention import AttentionSpec  # noqa: PLC0415
+    from locoexp.model.transformer import build_model  # noqa: PLC0415
+
+    tokens = np.arange(16, dtype=np.int32).reshape(1, 16) % 50
+    positions, segments = np.arange(16, dtype=np.int32)[None], np.ones((1, 16), np.int32)
+
+    def scans(model, remat: RematPolicy) -> int:
+        spec = AttentionSpec(kind=AttentionKind.dense)  # no loop of its own
+        forward = lambda m: m.packed_hidden(
+            tokens, positions, segments, attention=spec, remat=remat
+        )  # noqa: E731
+        return str(jax.make_jaxpr(lambda m: forward(m).sum())(model)).count(" scan[")
+
+    qwen = tiny_model(seed=0)
+    assert scans(qwen, RematPolicy.block) == 1 and scans(qwen, RematPolicy.none) == 0
+    gemma = build_model(compose_config(["model=tiny_gemma4_moe"]).model, seed=0)
+    assert scans(gemma, RematPolicy.block) == 0
+
+
 @pytest.mark.parametrize(
     ("micro_rows", "algo"), [(1, GRPO), (2, DR_GRPO), (3, GRPO), (4, WITH_KL)]
 )  # 3 does not divide the 8 rows: the last micro-batch is padded
