@@ -2,6 +2,7 @@
 where the plan could be wrong, and XLA's verdict followed by `build_spec`."""
 
 import dataclasses
+import subprocess
 
 import pytest
 
@@ -96,3 +97,19 @@ def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypat
     assert "the plan estimated" in sentence
     assert "\n" not in sentence
     assert startup.judged(config) is None  # build_spec keeps the plan's refusal
+
+
+def test_a_compiler_that_aborts_is_one_sentence(monkeypatch):
+    """libtpu's CHECK failures kill the compile child with SIGABRT: the run is refused in one
+    sentence naming the check, not a traceback."""
+    stderr = (
+        "F1206 04:31:14.98 8714 rotated_pincer_fusion_emitter.cc:1889] Check failed: "
+        "*color_count != 1 (1 vs. 1) \n*** Check failure stack trace: ***\n    @ 0x7ff7 Flush()\n"
+    )
+    died = subprocess.CompletedProcess([], returncode=-6, stdout="", stderr=stderr)
+    monkeypatch.setattr(startup.subprocess, "run", lambda *a, **k: died)
+    with pytest.raises(ConfigError) as refused:
+        startup.compile_in_child(compose_config(["hardware=tpu_v7x_8"]))
+    sentence = str(refused.value)
+    assert "the compiler aborted (Check failed: *color_count != 1 (1 vs. 1))" in sentence
+    assert "\n" not in sentence

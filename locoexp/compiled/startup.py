@@ -195,9 +195,24 @@ def compile_in_child(config: Config):
         )
         if done.returncode == 2 and done.stderr.strip():  # a refusal, in its one sentence
             raise ConfigError(done.stderr.strip().splitlines()[-1])
+        if done.returncode < 0:  # the compiler itself died (libtpu's CHECK failures abort)
+            raise ConfigError(_compiler_died(config, done.returncode, done.stderr))
         if done.returncode != 0:
             raise RuntimeError(f"the start-up compile failed:\n{done.stderr[-4000:]}")
         return pickle.loads(verdict.read_bytes())
+
+
+def _compiler_died(config: Config, returncode: int, stderr: str) -> str:
+    """One sentence for a compile child killed by a signal: XLA's own check that failed (libtpu
+    0.0.42.1 aborts, rather than refusing, on a scanned SWE trainer past the device's memory;
+    experiments/LOG.md, session 23). The run's own compile would meet the same compiler."""
+    checks = [line for line in stderr.splitlines() if "Check failed" in line]
+    said = checks[0].split("] ", 1)[-1].strip() if checks else f"signal {-returncode}"
+    return (
+        f"XLA could not compile the run's programs for {config.hardware.chip.value} at start-up: "
+        f"the compiler aborted ({said}); `dry_run=true` prints the plan, and a smaller "
+        "dataset.prompts_per_step or trainer.micro_batch_rows may compile."
+    )
 
 
 def _main(given: str, verdict: str) -> int:
