@@ -413,10 +413,7 @@ class Transformer(nnx.Module):
                 stats = stats + layer_stats if layer_stats is not None else stats
                 return self.final_norm(x), stats
         for layer in self.layers:
-            x, _, *layer_stats = call_block_outputs(
-                layer, x, remat, positions=positions, mask=None, inv_freq=inv_freq,
-                segment_ids=segment_ids, attention=attention,
-            )  # fmt: skip
+            x, _, *layer_stats = call_block_outputs(layer, x, remat, attention=attention, **kwargs)
             x = constrain_rows(attention, x)
             if layer_stats:
                 stats = stats + layer_stats[0]
