@@ -138,12 +138,12 @@ def compiled(config: Config, job: list[str] | None = None) -> str:
 
 
 def _compiler(config: Config):
-    """`compile_run` for a TPU slice (libtpu's topology, in this process); for `hardware=cpu`
-    the same in a child process with the run's CPU devices (this one keeps its backend)."""
-    from locoexp.compiled.startup import compile_in_child  # noqa: PLC0415
-    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
+    """`compile_run` in this process's compile child (`compiled/worker.py`): for a TPU slice
+    libtpu's topology, for `hardware=cpu` the run's CPU devices; the child is kept for the
+    proposals and a sweep's other jobs, and a compiler that aborts is one sentence."""
+    from locoexp.compiled.worker import compile_pooled  # noqa: PLC0415
 
-    return compile_in_child if config.hardware.chip is ChipKind.cpu else compile_run
+    return compile_pooled
 
 
 def _summary(config: Config) -> str:

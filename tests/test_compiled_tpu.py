@@ -19,8 +19,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.compiled import topology
-from locoexp.compiled.programs import ProgramMemory
-from locoexp.compiled.verdict import at_depth, cuts_on_a_line, layer_cuts
+from locoexp.compiled.programs import ProgramMemory, trainer_scans
+from locoexp.compiled.verdict import at_depth, cuts_on_a_line, layer_cuts, run_shapes
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
 from locoexp.model.attention import AttentionSpec, attend
@@ -101,6 +101,21 @@ def test_sizes_are_read_at_the_models_depth_on_the_line_through_two_cuts():
     assert layer_cuts(qwen) == (2, 4)
     assert layer_cuts(compose_config(["model=tiny_qwen"]).model) == (4,)  # compiled whole
     assert layer_cuts(compose_config(["model=gemma4_31b"]).model)[0] % 6 == 0  # whole periods
+
+
+@pytest.mark.parametrize(
+    ("overrides", "scans"),
+    [
+        (["model=qwen3_0_6b", "trainer.remat=block"], True),
+        (["model=qwen3_0_6b", "trainer.remat=none"], False),
+        (["model=tiny_gemma4_moe", "trainer.remat=block"], False),  # local and global blocks differ
+    ],
+)
+def test_a_trainer_whose_blocks_are_one_scan_is_compiled_at_its_whole_depth(overrides, scans):
+    """A scanned train step compiles in the time of one block (Qwen3-0.6B's GSM8K step on
+    tpu_v7x_8: 121 s at 2 layers, 131 s at 28), so its sizes are read from the whole model,
+    not from a line through cuts (experiments/LOG.md, session 24)."""
+    assert trainer_scans(run_shapes(compose_config(overrides))) is scans
 
 
 def test_a_program_xla_refuses_at_a_cut_is_off_the_line_and_compiles_whole():

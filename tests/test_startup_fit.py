@@ -2,11 +2,12 @@
 where the plan could be wrong, and XLA's verdict followed by `build_spec`."""
 
 import dataclasses
-import subprocess
+import os
+import signal
 
 import pytest
 
-from locoexp.compiled import startup
+from locoexp.compiled import startup, worker
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
 from locoexp.planner import resolve_plan
@@ -99,17 +100,22 @@ def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypat
     assert startup.judged(config) is None  # build_spec keeps the plan's refusal
 
 
-def test_a_compiler_that_aborts_is_one_sentence(monkeypatch):
+def test_a_compiler_that_aborts_is_one_sentence_and_the_next_compile_starts_a_new_child():
     """libtpu's CHECK failures kill the compile child with SIGABRT: the run is refused in one
-    sentence naming the check, not a traceback."""
-    stderr = (
+    sentence naming the check, not a traceback, and the pool replaces the dead child."""
+    config = compose_config(["hardware=tpu_v7x_8"])
+    child = worker.pooled(config)
+    os.kill(child._process.pid, signal.SIGABRT)
+    child._process.wait()
+    with pytest.raises(ConfigError) as refused:
+        child.compile(config)
+    assert "the compiler aborted (signal 6)" in str(refused.value)
+    assert worker.pooled(config) is not child and worker.pooled(config).alive
+    worker.close_pool()
+    said = (
         "F1206 04:31:14.98 8714 rotated_pincer_fusion_emitter.cc:1889] Check failed: "
         "*color_count != 1 (1 vs. 1) \n*** Check failure stack trace: ***\n    @ 0x7ff7 Flush()\n"
     )
-    died = subprocess.CompletedProcess([], returncode=-6, stdout="", stderr=stderr)
-    monkeypatch.setattr(startup.subprocess, "run", lambda *a, **k: died)
-    with pytest.raises(ConfigError) as refused:
-        startup.compile_in_child(compose_config(["hardware=tpu_v7x_8"]))
-    sentence = str(refused.value)
+    sentence = worker.compiler_died(config, -6, said)
     assert "the compiler aborted (Check failed: *color_count != 1 (1 vs. 1))" in sentence
     assert "\n" not in sentence

@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from locoexp.compiled.verdict import compile_run
+from locoexp.compiled.worker import compile_pooled
 from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
 from locoexp.config import Config
 from locoexp.errors import ConfigError
@@ -44,7 +44,7 @@ def program_key(config: Config) -> str:
 def compile_cell(config: Config) -> dict:
     """The cell's figures from XLA-TPU (or its refusal, one sentence)."""
     try:
-        result = compile_run(config)
+        result = compile_pooled(config)  # in a child: libtpu's aborts end only the cell
     except ConfigError as error:
         return {"refused": str(error)}
     plan = result.plan

@@ -31,7 +31,7 @@ from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
 from locoexp.model.config import ModelConfig
 from locoexp.model.moe import expert_mesh
-from locoexp.model.transformer import Transformer
+from locoexp.model.transformer import Transformer, blocks_scan
 from locoexp.placement.layout import Layout
 from locoexp.placement.multihost import replicator
 from locoexp.planner.plan import Plan
@@ -222,16 +222,24 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
     return out
 
 
-def compile_programs(shapes: RunShapes, devices: list, *, layers: int) -> list[ProgramMemory]:
-    """Every program of the run's trainer and one engine, with the model cut to `layers`
-    layers (the caller fits the per-layer growth, `compiled/verdict.py`)."""
+def compile_programs(
+    shapes: RunShapes, devices: list, *, layers: int, roles=("trainer", "engine")
+) -> list[ProgramMemory]:
+    """Every program of `roles` (the run's trainer and one engine), with the model cut to
+    `layers` layers (the caller fits the per-layer growth, `compiled/verdict.py`)."""
     model = dataclasses.replace(shapes.model, num_layers=layers)
     trainer_devices, engine_devices = role_devices(shapes, devices)
-    trainer = build_trainer(shapes, model, trainer_devices)
-    if not compiles_engine(shapes.rollout):
-        return trainer_programs(shapes, trainer)
-    engine = build_engine(shapes, model, engine_devices)
-    return trainer_programs(shapes, trainer) + engine_programs(shapes, engine)
+    out = []
+    if "trainer" in roles:
+        out += trainer_programs(shapes, build_trainer(shapes, model, trainer_devices))
+    if "engine" in roles and compiles_engine(shapes.rollout):
+        out += engine_programs(shapes, build_engine(shapes, model, engine_devices))
+    return out
+
+
+def trainer_scans(shapes: RunShapes) -> bool:
+    """Whether the train step runs the model's blocks as one scan (`transformer.blocks_scan`)."""
+    return blocks_scan(abstract_model(shapes.model).layers, shapes.trainer.remat)
 
 
 def compiles_engine(rollout: RolloutConfig) -> bool:

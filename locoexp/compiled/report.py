@@ -38,10 +38,17 @@ def _rows(result: CompiledRun) -> list[str]:
 
 
 def _depth(result: CompiledRun, layers: int) -> str:
-    cuts = result.layer_cuts
-    if len(cuts) == 1:
-        return f"all {layers} layers compiled"
-    return f"compiled at {cuts[0]} and {cuts[1]} layers, sizes read at {layers} on their line"
+    """How each role's sizes were read at the model's depth."""
+
+    def said(cuts: tuple[int, ...]) -> str:
+        if len(cuts) == 1:
+            return f"all {layers} layers compiled"
+        return f"compiled at {cuts[0]} and {cuts[1]} layers, sizes read at {layers} on their line"
+
+    trainer, engine = result.layer_cuts["trainer"], result.layer_cuts["engine"]
+    if trainer == engine or not result.engine_compiled:
+        return said(trainer)
+    return f"trainer: {said(trainer)} (its blocks are one scan); engine: {said(engine)}"
 
 
 def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:

@@ -6,7 +6,7 @@ milliseconds: the dry run (`dry_run=true`), the sizes it resolves and proposes (
 capacity, the settings a refusal names) and the paper grids' verdicts in the tests. On a CPU
 machine it decides alone while it uses at most `PLAN_ALONE_BELOW` of the memory it may use.
 Above that, whenever it says the run does not fit, and for every run on a TPU slice, the run's
-programs are compiled by XLA in a child process (`python -m locoexp.compiled.startup`): with
+programs are compiled by XLA in a child process (`worker.py`): with
 `hardware=cpu` on this machine's CPU with the run's device count, on a TPU slice for its
 topology (libtpu; nothing is allocated on the chips). XLA's memory analysis
 (`verdict.compile_run`) then decides: a run the plan refuses starts when XLA fits it, and a run
@@ -25,13 +25,8 @@ that `session.build.build_spec`, called again by `main.run`, follows XLA rather 
 """
 
 import dataclasses
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
+from locoexp.compiled.worker import close_pool, compile_pooled
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind
@@ -84,6 +79,13 @@ def check_memory(config: Config, job: list[str] | None = None):
     plan = check_fit(setup, memory=False)  # TP and EP degrees refuse here, before any compile
     if plan_decides(config, plan):
         return None
+    try:
+        return _judge(config, job, setup)
+    finally:
+        close_pool()  # the compiler's memory returns before the run allocates
+
+
+def _judge(config: Config, job: list[str] | None, setup):
     result = compile_in_child(config)
     if result.fits:
         _JUDGED[repr(config)] = config
@@ -173,63 +175,7 @@ def _plan_figure(result) -> str:
     return "trainer {:.2f}, engine {:.2f} GiB per device".format(*peaks)
 
 
-def child_environment(config: Config) -> dict[str, str]:
-    """The compile's environment: the CPU backend, with the run's device count on a CPU
-    machine (a TPU slice's devices come from libtpu's topology, `topology.py`)."""
-    from locoexp.placement.launch import cpu_device_flags  # noqa: PLC0415
-
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if config.hardware.chip is ChipKind.cpu:
-        env["XLA_FLAGS"] = cpu_device_flags(config.resolved_hardware.devices)
-    return env
-
-
 def compile_in_child(config: Config):
-    """`verdict.compile_run(config)` in a child process: XLA's `CompiledRun`."""
-    with tempfile.TemporaryDirectory(prefix="locoexp-fit-") as scratch:
-        given, verdict = Path(scratch, "config.pickle"), Path(scratch, "verdict.pickle")
-        given.write_bytes(pickle.dumps(config))
-        command = [sys.executable, "-m", "locoexp.compiled.startup", str(given), str(verdict)]
-        done = subprocess.run(
-            command, env=child_environment(config), capture_output=True, text=True, check=False
-        )
-        if done.returncode == 2 and done.stderr.strip():  # a refusal, in its one sentence
-            raise ConfigError(done.stderr.strip().splitlines()[-1])
-        if done.returncode < 0:  # the compiler itself died (libtpu's CHECK failures abort)
-            raise ConfigError(_compiler_died(config, done.returncode, done.stderr))
-        if done.returncode != 0:
-            raise RuntimeError(f"the start-up compile failed:\n{done.stderr[-4000:]}")
-        return pickle.loads(verdict.read_bytes())
-
-
-def _compiler_died(config: Config, returncode: int, stderr: str) -> str:
-    """One sentence for a compile child killed by a signal: XLA's own check that failed (libtpu
-    0.0.42.1 aborts, rather than refusing, on a scanned SWE trainer past the device's memory;
-    experiments/LOG.md, session 23). The run's own compile would meet the same compiler."""
-    checks = [line for line in stderr.splitlines() if "Check failed" in line]
-    said = checks[0].split("] ", 1)[-1].strip() if checks else f"signal {-returncode}"
-    return (
-        f"XLA could not compile the run's programs for {config.hardware.chip.value} at start-up: "
-        f"the compiler aborted ({said}); `dry_run=true` prints the plan, and a smaller "
-        "dataset.prompts_per_step or trainer.micro_batch_rows may compile."
-    )
-
-
-def _main(given: str, verdict: str) -> int:
-    import jax  # noqa: PLC0415
-
-    from locoexp.compiled.verdict import compile_run  # noqa: PLC0415
-
-    config = pickle.loads(Path(given).read_bytes())
-    cpu = config.hardware.chip is ChipKind.cpu
-    try:
-        result = compile_run(config, devices=jax.devices() if cpu else None)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
-    Path(verdict).write_bytes(pickle.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(*sys.argv[1:3]))
+    """`verdict.compile_run(config)` in this process's compile child (`worker.py`): XLA's
+    `CompiledRun`, or a refusal or the compiler's death in one sentence."""
+    return compile_pooled(config)

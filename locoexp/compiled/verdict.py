@@ -12,6 +12,10 @@ session 20); compiling all 28 layers takes 226 s on 2 cores against 138 s for th
 Near the device's memory the line does not hold: XLA-TPU rematerialises on its own to fit, and a
 refusal names what it needs where it gave up. Where a cut is refused (`cuts_on_a_line`) or the
 line reads a program past the device's memory, the whole model is compiled and decides.
+A trainer whose blocks are one scan (`programs.trainer_scans`: rematerialised, one block
+structure) is always compiled whole: its compile is one block's whatever the depth (the GSM8K
+step above, scanned: 121 s at 2 layers, 131 s at 28, whose temporaries the line through 2 and
+4 layers gave within 0.2%; experiments/LOG.md, session 24); the engine still uses the cuts.
 
 A role's peak per device is its largest program's footprint plus what stays alive beside it:
 colocated (co, single_controller), the train step also holds the engine's weights and the
@@ -22,7 +26,13 @@ their arguments leave out. The verdict compares each role's peak with
 
 import dataclasses
 
-from locoexp.compiled.programs import ProgramMemory, RunShapes, compile_programs, resident_bytes
+from locoexp.compiled.programs import (
+    ProgramMemory,
+    RunShapes,
+    compile_programs,
+    resident_bytes,
+    trainer_scans,
+)
 from locoexp.compiled.topology import topology_devices
 from locoexp.config import Config
 from locoexp.errors import ConfigError
@@ -40,7 +50,7 @@ class CompiledRun:
     """A run's programs as XLA compiled them, at the model's full depth, and the verdict."""
 
     programs: list[ProgramMemory]
-    layer_cuts: tuple[int, ...]  # the layer counts compiled
+    layer_cuts: dict[str, tuple[int, ...]]  # per role, the layer counts compiled
     trainer_state: int  # bytes per device alive between programs
     engine_weights: int
     colocated: bool
@@ -159,16 +169,15 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
     shapes = run_shapes(config)
     target = devices[0].platform if devices else topology_name(config.hardware)
     devices = devices or topology_devices(config.hardware)
-    cuts = layer_cuts(config.model)
-    compiled = [compile_programs(shapes, devices, layers=n) for n in cuts]
-    if len(cuts) > 1 and not cuts_on_a_line(*compiled):  # a refusal: the whole model, once
-        cuts = (shapes.model.num_layers,)
-        compiled = [compile_programs(shapes, devices, layers=cuts[0])]
-    programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
     limit = capacity_bytes(config.hardware)
-    if len(cuts) > 1 and any(p.footprint > limit for p in programs):  # near the memory: whole
-        cuts = (shapes.model.num_layers,)
-        programs = compile_programs(shapes, devices, layers=cuts[0])
+    if trainer_scans(shapes):  # its compile does not grow with the depth: the whole model
+        full = (shapes.model.num_layers,)
+        trainer = compile_programs(shapes, devices, layers=full[0], roles=("trainer",))
+        engine, engine_cuts = _at_depth(shapes, devices, ("engine",), limit)
+        programs, cuts = trainer + engine, {"trainer": full, "engine": engine_cuts}
+    else:
+        programs, both = _at_depth(shapes, devices, ("trainer", "engine"), limit)
+        cuts = {"trainer": both, "engine": both}
     trainer_state, engine_weights = resident_bytes(shapes, devices)
     r = shapes.layout
     run = CompiledRun(
@@ -187,6 +196,22 @@ def compile_run(config: Config, devices: list | None = None) -> CompiledRun:
     peaks = (int(run.role_peak("trainer")), int(run.role_peak("engine")))
     total = machine_total(plan_setup(config), *peaks, shapes.plan.publication)
     return dataclasses.replace(run, machine_total=total)
+
+
+def _at_depth(shapes: RunShapes, devices: list, roles: tuple[str, ...], limit: int):
+    """The programs of `roles` at the model's depth, and the layer counts compiled: on the line
+    through two cuts, or the whole model where a cut is refused or the line reads a program
+    past the device's memory."""
+    cuts = layer_cuts(shapes.model)
+    compiled = [compile_programs(shapes, devices, layers=n, roles=roles) for n in cuts]
+    if len(cuts) > 1 and not cuts_on_a_line(*compiled):  # a refusal: the whole model, once
+        cuts = (shapes.model.num_layers,)
+        compiled = [compile_programs(shapes, devices, layers=cuts[0], roles=roles)]
+    programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
+    if len(cuts) > 1 and any(p.footprint > limit for p in programs):  # near the memory: whole
+        cuts = (shapes.model.num_layers,)
+        programs = compile_programs(shapes, devices, layers=cuts[0], roles=roles)
+    return programs, cuts
 
 
 def _overrides(label: str) -> list[str]:

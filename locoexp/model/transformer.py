@@ -406,12 +406,10 @@ class Transformer(nnx.Module):
         x = constrain_rows(attention, self.embed_tokens(tokens))
         stats = no_router_stats(self.config.num_experts) if self.config.moe else None
         kwargs = dict(positions=positions, mask=None, inv_freq=inv_freq, segment_ids=segment_ids)
-        if remat is not RematPolicy.none and len(self.layers) > 1:
-            scanned = scanned_blocks(self.layers, x, remat, attention=attention, **kwargs)
-            if scanned is not None:
-                x, layer_stats = scanned
-                stats = stats + layer_stats if layer_stats is not None else stats
-                return self.final_norm(x), stats
+        if blocks_scan(self.layers, remat):
+            x, layer_stats = scanned_blocks(self.layers, x, remat, attention=attention, **kwargs)
+            stats = stats + layer_stats if layer_stats is not None else stats
+            return self.final_norm(x), stats
         for layer in self.layers:
             x, _, *layer_stats = call_block_outputs(layer, x, remat, attention=attention, **kwargs)
             x = constrain_rows(attention, x)
@@ -436,10 +434,20 @@ class Transformer(nnx.Module):
         return softcap(out.astype(jnp.float32), self.config.final_logit_softcap)
 
 
+def blocks_scan(layers, remat: RematPolicy) -> bool:
+    """Whether the trainer's forward runs `layers` as one scan (`scanned_blocks`): rematerialised,
+    more than one, and all of one structure (Gemma4's local and global blocks differ and stay
+    unrolled). A scanned step's compile does not grow with the depth (`compiled/verdict.py`)."""
+    if remat is RematPolicy.none or len(layers) < 2:
+        return False
+    graphdefs = [nnx.graphdef(layer) for layer in layers]
+    return all(g == graphdefs[0] for g in graphdefs[1:])
+
+
 def scanned_blocks(layers, x: Array, remat: RematPolicy, *, attention, **kwargs):
     """The blocks as one `lax.scan` over their stacked parameters, each step rematerialised as
     `remat` says: (hidden states, router statistics summed over the blocks, or None for a
-    dense model); None where the blocks differ in structure (Gemma4's local and global layers).
+    dense model); the blocks are of one structure (`blocks_scan`).
 
     Unrolled blocks under `jax.checkpoint` do not bound the train step's memory on XLA-TPU: it
     schedules every block's recomputation where it likes and keeps their activations alive
@@ -449,8 +457,6 @@ def scanned_blocks(layers, x: Array, remat: RematPolicy, *, attention, **kwargs)
     23). A scan's backward loop recomputes one block per iteration, as MaxText's scanned layers
     (`scan_layers`) do."""
     graphdefs, states = zip(*(nnx.split(layer) for layer in layers), strict=True)
-    if any(g != graphdefs[0] for g in graphdefs[1:]):
-        return None
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
 
     def run(state, x):
