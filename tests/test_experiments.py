@@ -12,7 +12,9 @@ from hydra.errors import ConfigCompositionException
 from locoexp.compose import sweep_jobs
 from locoexp.config import Config
 from locoexp.errors import ConfigError
+from locoexp.planner import resolve_plan
 from locoexp.planner.paper import PAPER_EXPERIMENTS
+from locoexp.session.build import plan_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
@@ -108,6 +110,11 @@ def test_paper_settings_reach_the_typed_config(compose):
     assert scale.model.param_dtype.value == "bfloat16"
     small = compose(["+scale_cell=qwen3_8b_tp4", "+experiment=scale_study"])
     assert (small.rollout.capacity, small.rollout.engine.value) == (1024, "vllm")  # 2 waves
+    # Table 3: "LoCoJAX generates in two waves at 8 chips" (GSM8K), one wave from 16 chips on
+    for chips, waves in ((8, 2), (16, 1)):
+        job = ["+workload=gsm8k", f"hardware=tpu_v7x_{chips}", "+arm=co_base"]
+        table3 = compose([*job, "+experiment=stack_comparison"])
+        assert resolve_plan(plan_setup(table3)).waves == waves
 
 
 def dry_run(*args: str) -> subprocess.CompletedProcess:

@@ -200,6 +200,13 @@ def test_capacity_resolves_to_balanced_waves_that_fit():
     assert p.capacity % p.replicas_per_engine == 0 or p.capacity == p.requests_per_engine
     fixed = fit.resolve_plan(setup(model, hardware, gsm8k, rollout=RolloutConfig(capacity=64)))
     assert (fixed.capacity, fixed.waves) == (64, 16)  # 1,024 requests per host engine
+    # vLLM's max_num_seqs per DP rank caps what the memory would hold (8 replicas per engine)
+    capped = fit.resolve_plan(
+        setup(model, hardware, gsm8k, rollout=RolloutConfig(max_sequences_per_replica=32))
+    )
+    assert p.capacity > 32 * 8 and (capped.capacity, capped.waves) == (32 * 8, 4)
+    with pytest.raises(ConfigError, match=r"rollout.capacity=64 fixes it: set one of the two"):
+        RolloutConfig(capacity=64, max_sequences_per_replica=64)
 
 
 def test_swe_at_8_chips_without_accumulation_is_refused_naming_micro_batches_that_fit():

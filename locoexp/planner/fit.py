@@ -109,6 +109,8 @@ def resolve_plan(setup: Setup) -> Plan:
     replica, then the engine takes what is left."""
     hw, requests = setup.hardware, setup.requests_per_engine
     most = -(-requests // setup.replicas)
+    if setup.rollout.max_sequences_per_replica:  # vLLM's max_num_seqs per DP rank
+        most = min(most, setup.rollout.max_sequences_per_replica)
     fixed = setup.rollout.capacity
     if fixed:
         per_replica = -(-min(fixed, requests) // setup.replicas)

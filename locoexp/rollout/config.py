@@ -34,6 +34,12 @@ class RolloutConfig:
     # 0 = the most that fit: the memory plan (locoexp/planner) resolves it at start-up (an engine
     # built directly with 0 runs all its requests in one wave).
     capacity: int = 0
+    # At most this many sequences per data-parallel replica at a time when the plan sizes the
+    # capacity (`rollout.capacity=0`): vLLM's `max_num_seqs` of each DP rank. Table 3's engines
+    # held 64 per replica, so GSM8K at 8 chips generates "in two waves" (Sec. 4.2, Fig. 7 note)
+    # where the memory alone would hold the step's 128 per replica. 0 = no cap (the memory
+    # decides).
+    max_sequences_per_replica: int = 0
     # How the JAX engine fills its `capacity` slots: `continuous` (App. G's engines decode "a
     # step's 32 rows in one continuous batch") refills a slot as soon as its row ends and
     # narrows the batch as the last rows finish, so rollout time follows the tokens generated;
@@ -103,6 +109,17 @@ class RolloutConfig:
         require(
             self.capacity >= 0,
             f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit).",
+        )
+        require(
+            self.max_sequences_per_replica >= 0,
+            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} must be >= 0 "
+            "(0 = no cap).",
+        )
+        require(
+            not (self.capacity and self.max_sequences_per_replica),
+            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} caps the "
+            f"capacity the plan sizes, but rollout.capacity={self.capacity} fixes it: set one "
+            "of the two.",
         )
         require(
             self.tensor_parallel >= 1,
