@@ -70,3 +70,25 @@ def test_a_run_under_the_paper_layout_keeps_one_micro_batch_once_planned():
     resolved = build_spec(config).halves
     assert resolved.trainer.micro_batch_rows == 0 and not resolved.trainer.accumulate
     assert resolve_plan(plan_setup(config)).trainer_peak < 94.7 * GIB
+
+
+def test_a_run_capped_per_replica_builds_at_the_capacity_the_cap_allows():
+    # Table 3's engines held 64 sequences per replica (vLLM's max_num_seqs): GSM8K's 1,024
+    # requests per 8-replica engine at 8 chips run as two waves of 512; the built run fixes that
+    # capacity (and drops the cap it honoured) instead of refusing the pair as a user's
+    config = compose_config(
+        [
+            "model=qwen3_0_6b",
+            "dataset=gsm8k",
+            "model.param_dtype=bfloat16",
+            "hardware=tpu_v7x_8",
+            "placement=co",
+            "rollout=vllm",
+            "rollout.data_parallel=8",
+            "rollout.max_sequences_per_replica=64",
+            "trainer.accumulate=false",
+            "trainer.remat=block",
+        ]
+    )
+    rollout = build_spec(config).halves.rollout
+    assert (rollout.capacity, rollout.max_sequences_per_replica) == (512, 0)

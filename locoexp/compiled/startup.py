@@ -126,7 +126,7 @@ def _shrink(config: Config, result):
 
         def sized(n: int) -> Config:
             return dataclasses.replace(
-                config, rollout=dataclasses.replace(config.rollout, capacity=n)
+                config, rollout=config.rollout.at_capacity(n)
             )
     elif role == "trainer" and config.trainer.micro_batch_rows == 0 and config.trainer.accumulate:
         size, fixed = plan.trainer_shape.micro_batch_rows, result.trainer_state

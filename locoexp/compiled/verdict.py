@@ -151,7 +151,7 @@ def run_shapes(config: Config) -> RunShapes:
         model=config.model,
         algo=config.algo,
         trainer=dataclasses.replace(config.trainer, micro_batch_rows=micro),
-        rollout=dataclasses.replace(config.rollout, capacity=plan.capacity),
+        rollout=config.rollout.at_capacity(plan.capacity),
         adapter=config.adapter,
         sampling=settings.sampling,
         max_new_tokens=config.dataset.max_new_tokens,

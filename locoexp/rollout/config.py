@@ -154,6 +154,11 @@ class RolloutConfig:
             f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 (0 = from memory_fraction).",
         )
 
+    def at_capacity(self, capacity: int) -> "RolloutConfig":
+        """This config with its capacity fixed at `capacity` (the plan's or XLA's), the
+        per-replica cap dropped: the sized capacity already honours it."""
+        return dataclasses.replace(self, capacity=capacity, max_sequences_per_replica=0)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:

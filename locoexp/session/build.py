@@ -82,7 +82,7 @@ def build_spec(config: Config) -> RunSpec:
     trainer = dataclasses.replace(
         c.trainer, micro_batch_rows=resolved_micro_batch_rows(c.trainer, resolved)
     )
-    rollout = dataclasses.replace(c.rollout, capacity=resolved.capacity)
+    rollout = c.rollout.at_capacity(resolved.capacity)
     halves = HalvesSpec(
         model=c.model,
         algo=c.algo,
