@@ -96,9 +96,11 @@ def test_trainer_terms_equal_the_hand_computed_formula():
     per_layer = (4 * 64 + 2 * 6 * 16 + 2 * 16 + 4 * 16 + 3 * 192) * 4 + 4 * 4 * 8 * 4 + 8
     per_layer += (2 * 64 + 2 * 6 * 16) * 4 + 192 * 4
     assert t.activations == 2 * 8 * (2 * per_layer + 2 * 64 * 4)
-    # Head: the float32 [V, D] gradient; 10 loss slots per device, their hidden states and
-    # gradient (D fp32 each) and one 10-slot chunk of V float32 logits.
-    assert t.head_gradient == 16 * 64 * 4 and t.head_chunk == 2 * 10 * 64 * 4 + 10 * 16 * 4
+    # Head, run by each device on its own slots: its float32 [V, D] partial gradient and the
+    # float32 weight, the reduce-scattered sum split over the 2 devices; 10 loss slots per
+    # device, their hidden states and gradient (D fp32 each) and one 10-slot chunk of V float32
+    # logits.
+    assert t.head_gradient == 2.5 * 16 * 64 * 4 and t.head_chunk == 2 * 10 * 64 * 4 + 10 * 16 * 4
     transient = t.inputs + t.gathered_block + t.activations + t.head_gradient
     assert t.total == t.resident + transient + max(t.gradients, t.head_chunk)
 
@@ -176,13 +178,14 @@ def test_micro_batch_rows_resolve_to_the_most_that_fit():
             )
         ).trainer_peak
     )
-    # fp32: the float32 accumulator beside one micro-batch's gradients; the head runs inside
-    # each micro-batch's vjp, beside them: the [V, D] float32 accumulator, its input kept for
-    # the exact rerun and its matmul's output (those three FSDP-sharded), one chunk's logits and
-    # the micro-batch's dLoss/dhidden
+    # fp32: the float32 accumulator beside one micro-batch's gradients; each device runs the
+    # head on its own slots inside each micro-batch's vjp, beside them: its partial [V, D]
+    # float32 dLoss/dW and the float32 weight whole, the carried sum split over the devices,
+    # one chunk's logits and the micro-batch's dLoss/dhidden
     t, m = p.trainer, p.trainer_shape.micro_batch_rows
+    whole = 151_936 * 1024 * 4
     assert t.gradients == 2 * t.params and t.head_in_micro_batches
-    assert t.head_gradient == -(-3 * 151_936 * 1024 * 4 // p.trainer_shape.devices)  # sharded
+    assert t.head_gradient == 2 * whole + -(-whole // p.trainer_shape.devices)
     assert t.head_chunk == m * 16384 * 1024 * 4 + 512 * 151_936 * 4
     transient = t.inputs + t.gathered_block + t.activations + t.head_gradient
     assert t.total == t.resident + transient + t.gradients + t.head_chunk

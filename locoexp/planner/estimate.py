@@ -32,7 +32,8 @@ and one AdamW update per batch:
     the working set of the one block being differentiated (`_working_per_token`); `offload`
     keeps save_matmuls' outputs in host memory (reported, not checked: host RAM is not a
     hardware key) and brings one block's back at a time.
-  head (trainer/head.py): the float32 [V, D] head-gradient accumulator and one chunk's [C, V]
+  head (trainer/head.py), run by each device on its own rows and loss slots: float32 [V, D]
+    buffers (`_head_gradient`) and one chunk's [C, V]
     float32 logits. In one shot it runs once over all loss slots (their hidden states and
     gradient, D at `a`) after the forward, and its chunk temporaries are dead before the
     backward pass produces parameter gradients, so the step's peak holds the larger of the
@@ -40,7 +41,7 @@ and one AdamW update per batch:
     micro-batch's vjp, over that micro-batch's slots: the chunk's logits, the dW matmul's own
     [V, D] output beside the accumulator (XLA on CPU does not add a matmul into its operand)
     and the micro-batch's dLoss/dhidden (m*L*D at `a`) are alive with its activations (its
-    residuals) and the gradient sums. These head terms are per device as if unsharded.
+    residuals) and the gradient sums.
 Publication under `da` (`publication_bytes`): each trainer device gathers a whole replica in
   the sampler's dtype after its step; on a CPU machine Ray's object store is sized to hold
   the published versions (`plan.object_store_bytes`).
@@ -136,9 +137,7 @@ class TrainerMemory:
     inputs: int  # the packed batch's int32 / float32 arrays
     gathered_block: int
     activations: int  # one micro-batch, by the remat policy
-    # the fused head's float32 [V, D] accumulator; with micro-batches three: the running sum,
-    # the group's input kept for the exact rerun (trainer/head.py, `_exact_if_needed`), and the
-    # dW matmul's own output
+    # the fused head's float32 [V, D] buffers (`_head_gradient`)
     head_gradient: int
     head_chunk: int  # one chunk's logits and the hidden states' gradient at the head's input
     head_in_micro_batches: bool  # the head runs beside the activations and gradient sums
@@ -255,14 +254,18 @@ def _attention_tiles(c: ModelConfig, shape: TrainerShape) -> int:
 
 
 def _head_gradient(c: ModelConfig, *, micro: bool, devices: int) -> int:
-    """The fused head's float32 [V, D] buffers (see `TrainerMemory.head_gradient`). In
-    micro-batches the three are carried across the micro-batch loop with the head weight's FSDP
-    sharding, so each device holds 1/devices of them; XLA at 4 CPU devices (Qwen3's vocabulary,
-    micro-batches of one row): plan / XLA 1.56 counted whole, 1.01 sharded (experiments/LOG.md,
-    session 9). The one-shot step's single buffer is not sharded that way (plan / XLA 0.94
-    whole)."""
+    """The fused head's float32 [V, D] buffers (see `TrainerMemory.head_gradient`). Each
+    device runs the head on its own rows and slots (`Trainer._head_on_own_rows`): its partial
+    dLoss/dW and the float32 weight its chunks multiply are whole, the sum reduce-scattered
+    along V and carried over micro-batches is 1/devices; XLA at 4 CPU devices (Qwen3's
+    vocabulary, micro-batches of one row): plan / XLA 0.88. On one device the partial is the
+    gradient itself (one shot: plan / XLA 1.14, tests/test_planner_xla.py). Before the head ran
+    per device, XLA's partitioner laid out every device's slots on each device ([K, D]: two
+    buffers of 32 GiB per device in Table E1's Qwen3-8B cell on XLA-TPU)."""
     whole = c.vocab_size * c.hidden_dim * F32
-    return -(-3 * whole // devices) if micro else whole
+    if devices == 1:
+        return whole if not micro else 3 * whole
+    return 2 * whole + -(-whole // devices)
 
 
 def estimate_trainer(c: ModelConfig, n: int, shape: TrainerShape) -> TrainerMemory:

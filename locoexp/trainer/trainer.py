@@ -37,7 +37,7 @@ from locoexp.model.config import AttentionKind, RematPolicy
 from locoexp.model.moe import EXPERT, expert_mesh, is_expert_stack
 from locoexp.model.transformer import Transformer, router_loss
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
-from locoexp.trainer.head import HeadLossSpec, head_grads_at_slots, head_loss, slot_fields
+from locoexp.trainer.head import HeadLossSpec, head_grads_at_slots, slot_fields
 from locoexp.trainer.micro import (
     MicroLayout,
     accumulate_grads,
@@ -130,7 +130,7 @@ def token_logprobs(
     model: Transformer, batch: TrainBatch, *, temperature: float, chunk: int
 ) -> jax.Array:
     """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks
-    (a forward pass: the train step differentiates through `head_loss` instead)."""
+    (a forward pass: the train step runs the fused head per device, `Trainer._head_on_own_rows`)."""
     hidden = loss_position_hidden(model, batch)
     return head_logprobs(model, hidden, batch.loss_targets, temperature=temperature, chunk=chunk)
 
@@ -369,18 +369,6 @@ class Trainer:
             chunk=self.config.logit_chunk_tokens,
         )
 
-    def _one_shot_grads(self, params, frozen, batch: TrainBatch):
-        """Loss, metrics and gradients with every row's activations alive at once."""
-
-        def loss_fn(p):
-            hidden, aux = self._hidden_fn(p, batch.rows, frozen=frozen)
-            hidden = at_loss_positions(hidden, batch.loss_index)
-            weight = head_weight(self._model(p, frozen))
-            loss, metrics = head_loss(self.loss_spec, hidden, weight, batch)
-            return self._with_router_loss(loss, metrics, aux)
-
-        return jax.value_and_grad(loss_fn, has_aux=True)(params)
-
     def _accumulated_grads(self, params, frozen, batch: TrainBatch, layout: MicroLayout):
         """The same loss, metrics and gradients, one micro-batch's activations at a time
         (`trainer/micro.py`): each micro-batch's decoder runs forward under its vjp, the fused
@@ -394,13 +382,14 @@ class Trainer:
         groups, chunks = group_slots(layout, row_tokens, batch.loss_index, fields, chunk=spec.chunk)
         denominator = loss_denominator(mask, spec.aggregation, batch.normalizer)
 
+        own_slots = self._head_on_own_rows(
+            spec, weight, denominator, row_tokens * layout.micro_rows
+        )
+
         def head_fn(hidden, group, dweight):
             slots, count = group
-            flat = hidden.reshape(-1, hidden.shape[-1])
-            loss, sums, dflat, dweight = head_grads_at_slots(
-                spec, flat, weight, slots, count, denominator, dweight
-            )
-            return dflat.reshape(hidden.shape), dweight, (loss, sums)
+            loss, sums, dhidden, group_dweight = own_slots(hidden, slots, count)
+            return dhidden, dweight + group_dweight, (loss, sums)
 
         grads, dweight, ((losses, sums), aux) = accumulate_grads(
             functools.partial(self._hidden_fn, frozen=frozen),
@@ -418,6 +407,44 @@ class Trainer:
         metrics = {key: value.sum() / count for key, value in sums.items()}
         return self._with_router_loss(losses.sum(), metrics, aux.mean()), grads
 
+    def _head_on_own_rows(self, spec: HeadLossSpec, weight, denominator, span: int):
+        """The fused head over one micro-batch's slot group run by each device on its own rows
+        and its own lane of slots (`jax.shard_map`), the loss, its terms and dLoss/dW summed
+        over devices after. Left to XLA's partitioner, the slots' gather from row-sharded
+        hidden states cannot know that lane d only indexes device d's rows: it gathers every
+        device's slots on every device and reduces (XLA-TPU laid out two [K, D] buffers of
+        32 GiB per device for Qwen3-8B at 64 chips, Table E1) and the head's chunks ran on
+        every device. `span` = m * L, the flat positions of one device's rows."""
+        axis = _all_devices(self.mesh)
+        scatter = weight.shape[0] % self.mesh.devices.size == 0
+
+        def local(hidden, weight, slots, count, denominator):
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            slots = {**slots, "index": slots["index"] % span}  # lane d indexes device d's rows
+            zeros = jnp.zeros(weight.shape, jnp.float32)
+            loss, sums, dflat, dweight = head_grads_at_slots(
+                spec, flat, weight, slots, count, denominator, zeros
+            )
+            loss, sums = jax.lax.psum((loss, sums), axis)
+            if scatter:  # the sum lands split along V, as FSDP keeps the weight
+                dweight = jax.lax.psum_scatter(dweight, axis, scatter_dimension=0, tiled=True)
+            else:
+                dweight = jax.lax.psum(dweight, axis)
+            return loss, sums, dflat.reshape(hidden.shape), dweight
+
+        def run(hidden, slots, count):
+            rows, lanes = PS(axis), jax.tree.map(lambda _: PS(axis), slots)
+            mapped = jax.shard_map(
+                local,
+                mesh=self.mesh,
+                in_specs=(rows, PS(), lanes, PS(), PS()),
+                out_specs=(PS(), PS(), rows, rows if scatter else PS()),
+                check_vma=False,
+            )
+            return mapped(hidden, weight, slots, count, denominator)
+
+        return run
+
     def _with_router_loss(self, loss, metrics, aux):
         """The GRPO loss plus `model.router_aux_loss_coef` x the load-balancing loss (a
         mixture-of-experts model; Qwen3-30B-A3B publishes 0.001), the latter as a metric."""
@@ -429,10 +456,8 @@ class Trainer:
         if reference is not None:  # the KL reference: a forward pass, no gradient
             ref_logprobs = jax.lax.stop_gradient(self._logprobs_fn(reference, frozen, batch))
             batch = dataclasses.replace(batch, ref_logprobs=ref_logprobs)
-        layout = self._layout(batch)
-        if layout.count == 1:
-            return self._one_shot_grads(params, frozen, batch)
-        return self._accumulated_grads(params, frozen, batch, layout)
+        # one micro-batch (the paper's layout) runs the same per-device head as many
+        return self._accumulated_grads(params, frozen, batch, self._layout(batch))
 
     def _train_step(self, params, opt_state, frozen, batch: TrainBatch, reference):
         (loss, metrics), grads = self._loss_and_grads(params, frozen, batch, reference)
