@@ -13,7 +13,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.conf import HydraConf
@@ -43,12 +45,14 @@ PRESET_KEYS = {"hardware": ("chip",)}
 def to_config(cfg: DictConfig) -> Config:
     """The typed config; a key the schema does not have (e.g. `+typo=1`) is refused, not dropped."""
     _refuse_unknown_keys(cfg, Config, prefix="")
-    return OmegaConf.to_object(cfg)
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, Config), "a DictConfig of the Config schema converts to a Config"
+    return config
 
 
-def _refuse_unknown_keys(node: DictConfig, schema: type, *, prefix: str) -> None:
+def _refuse_unknown_keys(node: DictConfig, schema: type[Any], *, prefix: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node:
+    for key in map(str, node):
         if key == "hydra":
             continue
         if key not in fields:
@@ -57,7 +61,11 @@ def _refuse_unknown_keys(node: DictConfig, schema: type, *, prefix: str) -> None
                 f"{prefix.rstrip('.') or 'the root'} are {', '.join(sorted(fields))}."
             )
         child_type = fields[key].type
-        if dataclasses.is_dataclass(child_type) and isinstance(node[key], DictConfig):
+        if (
+            isinstance(child_type, type)
+            and dataclasses.is_dataclass(child_type)
+            and isinstance(node[key], DictConfig)
+        ):
             _refuse_unknown_keys(node[key], child_type, prefix=f"{prefix}{key}.")
 
 
@@ -92,7 +100,7 @@ def _refuse_preset_contradictions(cfg: DictConfig, choices: dict[str, str]) -> N
     for group, keys in PRESET_KEYS.items():
         option = choices.get(group)
         files = [CONFIG_DIR / group / f"{option}.yaml", EXPERIMENT_DIR / group / f"{option}.yaml"]
-        preset = next((OmegaConf.load(f) for f in files if f.is_file()), {})
+        preset = next((_load_option(f) for f in files if f.is_file()), DictConfig({}))
         for key in keys:
             own, value = preset.get(key), cfg[group].get(key)
             value = getattr(value, "value", value)  # an enum key's member -> its yaml value
@@ -108,20 +116,28 @@ def _options_with(group: str, key: str, value: object) -> list[str]:
     """The options of `group` whose `key` is `value`."""
     folders = (CONFIG_DIR / group, EXPERIMENT_DIR / group)
     files = sorted(f for folder in folders for f in folder.glob("*.yaml"))
-    return [f"{group}={f.stem}" for f in files if str(OmegaConf.load(f).get(key)) == str(value)]
+    return [f"{group}={f.stem}" for f in files if str(_load_option(f).get(key)) == str(value)]
 
 
-def compose_config(overrides: list[str] = ()) -> Config:
+def _load_option(path: Path) -> DictConfig:
+    option = OmegaConf.load(path)
+    if not isinstance(option, DictConfig):
+        raise ConfigError(f"{path} holds a list; a config option is a mapping of keys to values.")
+    return option
+
+
+def compose_config(overrides: Sequence[str] = ()) -> Config:
     """The typed config of `python run.py <overrides>` (tests and tools use it)."""
     return compose_configs([list(overrides)])[0]
 
 
 def hydra_message(error: Exception) -> str:
     """Hydra/OmegaConf errors -> one sentence naming the key and what is valid."""
-    chain = []
-    while error is not None and error not in chain:  # raised from, or while handling, another
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in chain:  # raised from, or while handling, another
+        chain.append(link)
+        link = link.__cause__ or link.__context__
     # a key inside an experiment (or other) file: Hydra's "In 'experiment/x': ..." names it
     where = str(chain[0]).partition("': ")[0] + "': " if str(chain[0]).startswith("In '") else ""
     for cause in chain:
@@ -131,8 +147,9 @@ def hydra_message(error: Exception) -> str:
                 f"({cause.message.splitlines()[0]}): quote a value holding braces, brackets, "
                 f"commas, spaces or '=' (key='value', the whole override in shell quotes)."
             )
-        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-            key, what = cause.full_key, str(cause).splitlines()[0]
+        key: str | None = getattr(cause, "full_key", None)
+        if isinstance(cause, OmegaConfBaseException) and key:
+            what = str(cause).splitlines()[0]
             if "not in" in what or "not in struct" in what:
                 parent = key.rpartition(".")[0]
                 keys = hydra_keys(parent) if key.startswith("hydra.") else config_keys(parent)
@@ -154,11 +171,12 @@ def hydra_message(error: Exception) -> str:
 
 def hydra_keys(path: str) -> list[str]:
     """The keys under `path` of Hydra's own config ("hydra", "hydra.run", ...)."""
-    node: object = HydraConf
+    node: type[Any] = HydraConf
     for part in path.split(".")[1:]:
-        node = {f.name: f.type for f in dataclasses.fields(node)}.get(part)
-        if not dataclasses.is_dataclass(node):
+        field_type = {f.name: f.type for f in dataclasses.fields(node)}.get(part)
+        if not (isinstance(field_type, type) and dataclasses.is_dataclass(field_type)):
             return []
+        node = field_type
     return sorted(f.name for f in dataclasses.fields(node))
 
 
@@ -192,11 +210,11 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
     runs. `glob(...)` over a group lists its options in conf/ and experiments/."""
     choices: dict[str, list[str]] = {}
     for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.get_key_element()
+        key, value = o.get_key_element(), o.value()
         if not o.is_sweep_override():
             values = [o.get_value_element_as_str()]
-        elif isinstance(o.value(), Glob):
-            values = o.value().filter(group_options(key.lstrip("+~")))
+        elif isinstance(value, Glob):
+            values = value.filter(group_options(key.lstrip("+~")))
         else:
             values = list(o.sweep_string_iterator())
         choices[key] = [f"{key}={v}" for v in values]

@@ -17,7 +17,7 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.applies import RunTraits, refuse_unread_keys
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
-from locoexp.errors import require
+from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import ChipKind, HardwareConfig
 from locoexp.hardware.hosts import minimal_hosts, show_splits, trainer_hosts
 from locoexp.metrics.config import LoggerConfig
@@ -171,7 +171,7 @@ class Config:
         host, hosts, kind = self.rollout.straggler.host, self.hosts, self.placement.kind
         match kind:
             case PlacementKind.da:
-                rollout_hosts = hosts - (trainer_hosts(self.split, hosts) or 0)
+                rollout_hosts = hosts - self._da_trainer_hosts(hosts)
             case PlacementKind.single_controller:
                 rollout_hosts = 1
             case PlacementKind.co:
@@ -194,19 +194,24 @@ class Config:
         if kind is PlacementKind.da:
             self._check_da_split(hosts)
 
-    def _check_da_split(self, hosts: int) -> None:
+    def _da_trainer_hosts(self, hosts: int) -> int:
+        """placement=da's trainer hosts: `split` of `hosts`, refused unless whole and non-zero."""
         shown = show_splits(hosts)
-        require(
-            self.split is not None,
-            f"placement=da needs split=<the trainer's share of hosts>; valid splits for {hosts} "
-            f"hosts: {shown}.",
-        )
-        require(
-            trainer_hosts(self.split, hosts) is not None,
-            f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
-            f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}.",
-        )
+        if self.split is None:
+            raise ConfigError(
+                f"placement=da needs split=<the trainer's share of hosts>; valid splits for "
+                f"{hosts} hosts: {shown}."
+            )
         trainers = trainer_hosts(self.split, hosts)
+        if trainers is None:
+            raise ConfigError(
+                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
+                f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}."
+            )
+        return trainers
+
+    def _check_da_split(self, hosts: int) -> None:
+        trainers = self._da_trainer_hosts(hosts)
         rollouts, d = hosts - trainers, self.dataset
         # Each rollout host admits floor or ceil of P/R whole GRPO groups (`phases.
         # split_across_hosts`): the paper's 0.25 and 0.125 splits leave 3H/4 or 7H/8 rollout hosts,
@@ -266,10 +271,10 @@ def _require_finite(node, *, prefix: str) -> None:
 def config_keys(path: str) -> list[str]:
     """The keys under `path` of the schema ("" = the root, "algo", "dataset.synthetic"); empty
     when `path` names no group."""
-    node: type | None = Config
+    node: type[Any] = Config
     for part in filter(None, path.split(".")):
-        fields = {f.name: f.type for f in dataclasses.fields(node)}
-        node = fields.get(part)
-        if not dataclasses.is_dataclass(node):
+        field_type = {f.name: f.type for f in dataclasses.fields(node)}.get(part)
+        if not (isinstance(field_type, type) and dataclasses.is_dataclass(field_type)):
             return []
+        node = field_type
     return sorted(f.name for f in dataclasses.fields(node))

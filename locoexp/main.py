@@ -56,6 +56,8 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
     processes, devices = layout.processes, layout.devices_per_process
     local = layout.cpu and layout.process_id is None  # not one host of a cluster-started group
     if local and (processes > 1 or devices > 1):
+        # a run on this machine alone listens on loopback unless told (`listen_address`)
+        assert layout.bind_address is not None
         code = launch_local_processes(
             run_session,
             (spec, files),

@@ -247,3 +247,11 @@ def test_eval_size_has_one_meaning_the_synthetic_held_out_split_its_own_name():
     assert (config.dataset.eval_size, config.dataset.synthetic.held_out_size) == (5, 50)
     with pytest.raises(Exception, match="dataset.synthetic.eval_size"):
         compose_config(["dataset.synthetic.eval_size=50"])
+
+
+def test_an_option_file_holding_a_list_is_refused(tmp_path):
+    from locoexp.compose import _load_option
+
+    (tmp_path / "bad.yaml").write_text("- chip: cpu\n")
+    with pytest.raises(ConfigError, match="holds a list; a config option is a mapping"):
+        _load_option(tmp_path / "bad.yaml")

@@ -51,3 +51,10 @@ def test_unknown_file_extension_asks_for_the_builder(tmp_path):
     (tmp_path / "rows.xyz").write_text("{}")
     with pytest.raises(ConfigError, match="name the builder in dataset.path"):
         build_task(dataset_option("gsm8k", data_files=str(tmp_path / "rows.xyz")))
+
+
+@pytest.mark.parametrize("source", [{"path": None}, {"train_split": ""}])
+def test_a_dataset_without_a_training_split_is_refused(source):
+    # was None rows, then an AttributeError or TypeError deep in the task's build
+    with pytest.raises(ConfigError, match="has no training split: set dataset.data_files"):
+        build_task(dataset_option("gsm8k", **source))

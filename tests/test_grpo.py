@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from locoexp.algo.config import AdvantageKind, LossAggregation
-from locoexp.algo.grpo import compute_group_advantages, k3_kl, policy_loss
+from locoexp.algo.grpo import compute_group_advantages, k3_kl, per_token_loss, policy_loss
 
 EPS = 1e-6
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
@@ -258,3 +258,9 @@ def test_k3_is_zero_at_the_reference_and_positive_elsewhere():
     assert kl[0] == 0.0
     for d, value in zip([0.5, -2.0], kl[1:], strict=True):
         assert value == pytest.approx(math.exp(d) - d - 1, rel=1e-6) and value > 0
+
+
+def test_a_kl_term_without_the_reference_log_probs_is_refused():
+    logp = jnp.zeros(3)
+    with pytest.raises(ValueError, match="kl_coef > 0 needs the reference's ref_logp"):
+        per_token_loss(logp, logp, logp, clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.1)

@@ -182,3 +182,16 @@ def test_the_fast_softmax_shift_gives_the_exact_head_and_falls_back_when_it_over
     np.testing.assert_allclose(loss_f, loss_p, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads_f, grads_p, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_kl_loss_without_the_batch_s_reference_log_probs_is_refused():
+    spec = HeadLossSpec(
+        clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.1, tis_cap=2.0,
+        aggregation=LossAggregation.token_mean, temperature=1.0, chunk=4,
+    )  # fmt: skip
+    packed = pack_sequences(
+        [np.array([1, 2]), np.array([3])], [np.array([4, 5]), np.array([6])],
+        [np.zeros(2, np.float32), np.zeros(1, np.float32)], np.array([1.0, -1.0]), row_tokens=8,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="needs the batch's ref_logprobs"):
+        slot_fields(spec, train_view(packed, normalizer=1.0))  # ref_logprobs: None

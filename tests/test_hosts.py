@@ -36,3 +36,9 @@ def test_valid_splits_print_rounded_and_refusals_list_them():
 
 def _dataset(hosts: int) -> DatasetConfig:
     return DatasetConfig(prompts_per_step=840)  # divisible by every host count up to 8
+
+
+def test_chip_and_device_counts_are_read_from_the_resolved_hardware_only():
+    with pytest.raises(ValueError, match="read Config.resolved_hardware"):
+        _ = HardwareConfig().chips  # hardware=cpu, hosts: null (was None * 1, a TypeError)
+    assert Config().resolved_hardware.devices == 1

@@ -11,6 +11,8 @@ know about meshes; the transformer module itself is left as it is.
 Shapes: r rank, D_in / D_out the projection's input / output width.
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -37,9 +39,9 @@ def trained_filter(adapter: AdapterConfig, model: ModelConfig) -> nnx.filterlib.
     return nnx.Any(nnx.LoRAParam, nnx.All(nnx.Param, lambda path, _: tuple(path) in saved))
 
 
-def saved_weights(pure: dict, adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, object]:
+def saved_weights(pure: dict, adapter: AdapterConfig, model: ModelConfig) -> dict[tuple, Any]:
     """The trained `modules_to_save` weights in the pure dict of the trained state, by plain
-    path (e.g. ("embed", "embedding"))."""
+    path (e.g. ("embed", "embedding")); leaves as the dict holds them (jax or numpy arrays)."""
     found = {}
     for path in saved_tensors(adapter, model):
         node = pure
@@ -66,7 +68,9 @@ class ScaledLoRA(nnx.LoRA):
         )
         self.scale = scale
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    # flax's LoRA takes **kwargs for its base module; this one calls a plain projection
+    def __call__(self, x: jax.Array) -> jax.Array:  # type: ignore[override]
+        assert self.base_module is not None, "built around `base` (__init__)"
         out = self.base_module(x)
         flat = x.reshape(-1, x.shape[-1]).astype(self.lora_a.dtype)
         low = (flat @ self.lora_a[...]) @ self.lora_b[...]
@@ -100,15 +104,15 @@ def merge_adapters(pure: dict, *, scale: float) -> dict:
     return {key: merge_adapters(value, scale=scale) for key, value in pure.items()}
 
 
-def lora_factors(pure: dict, prefix: tuple = ()) -> dict[tuple, tuple[jax.Array, jax.Array]]:
+def lora_factors(pure: dict, prefix: tuple = ()) -> dict[tuple, tuple[Any, Any]]:
     """Every adapted projection's path in the plain model (e.g. ("layers", 0, "attn", "q_proj",
     "kernel")) -> its (A [D_in, r], B [r, D_out]), from the pure dict of the adapted model or
-    of its `nnx.LoRAParam` state alone."""
+    of its `nnx.LoRAParam` state alone; leaves as the dict holds them (jax or numpy arrays)."""
     if not isinstance(pure, dict):
         return {}
     if LORA_A in pure:
         return {(*prefix, "kernel"): (pure[LORA_A], pure[LORA_B])}
-    found = {}
+    found: dict[tuple, tuple[Any, Any]] = {}
     for key, value in pure.items():
         found |= lora_factors(value, (*prefix, key))
     return found

@@ -69,6 +69,8 @@ def per_token_loss(
         terms["train/sampler_logprob_gap"] = jnp.abs(old_logp - behaviour_logp)
     per_token = -surrogate
     if kl_coef > 0.0:
+        if ref_logp is None:
+            raise ValueError("per_token_loss: kl_coef > 0 needs the reference's ref_logp")
         kl = k3_kl(logp, jax.lax.stop_gradient(ref_logp))
         per_token = per_token + kl_coef * kl
         terms["train/kl"] = kl

@@ -8,6 +8,7 @@ directories and hands them to compare, accounting, recommend, cost and figures.
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from locoexp.analysis import accounting, compare, cost, recommend
 from locoexp.analysis.runs import Run, find_runs, require_one_cell, select
@@ -263,10 +264,16 @@ def _tradeoffs(args, result: dict) -> None:
         }
 
 
-def format_accounting(result: dict) -> str:
+def format_accounting(result: dict[str, Any]) -> str:
+    lines = [result["recommend"]["text"]] if "recommend" in result else []
+    lines += _eq4_lines(result) + _tradeoff_lines(result)
+    if "ratio_model" in result:
+        lines.append(_ratio_model_line(result["ratio_model"]))
+    return "\n".join(lines)
+
+
+def _eq4_lines(result: dict[str, Any]) -> list[str]:
     lines = []
-    if "recommend" in result:
-        lines.append(result["recommend"]["text"])
     if "eq4_terms" in result:
         t = result["eq4_terms"]
         lines.append("Eq. 4 terms (s): " + "  ".join(f"{k} {v:.3f}" for k, v in t.items()))
@@ -294,6 +301,11 @@ def format_accounting(result: dict) -> str:
                 "  (the shortcut O + A > F + dL + tau assumes rollout is the longer da branch; "
                 "here training is, so the periods decide)"
             )
+    return lines
+
+
+def _tradeoff_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
     if "tradeoff1" in result:
         t = result["tradeoff1"]
         lines.append(
@@ -317,21 +329,22 @@ def format_accounting(result: dict) -> str:
             f"trade-off 3: premium {t['premium_ms']:.2f} ms/iteration = "
             f"{t['per_step_s']:.2f} s per step"
         )
-    if "ratio_model" in result:
-        r = result["ratio_model"]
-        lines.append(
-            "E.1 (Eq. 5): Delta "
-            + ", ".join(f"{d:.2f}" for d in r["deltas"])
-            + "; R from the others' Delta "
-            + ", ".join(f"{p:.2f}" for p in r["loo_predictions"])
-            + f"; free fit a = {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]"
-            + (
-                f"; out of the fit: cells {', '.join(map(str, r['out_of_fit']))}"
-                if r["out_of_fit"]
-                else ""
-            )
+    return lines
+
+
+def _ratio_model_line(r: dict[str, Any]) -> str:
+    return (
+        "E.1 (Eq. 5): Delta "
+        + ", ".join(f"{d:.2f}" for d in r["deltas"])
+        + "; R from the others' Delta "
+        + ", ".join(f"{p:.2f}" for p in r["loo_predictions"])
+        + f"; free fit a = {r['slope']:.2f} [{r['slope_low']:.2f}, {r['slope_high']:.2f}]"
+        + (
+            f"; out of the fit: cells {', '.join(map(str, r['out_of_fit']))}"
+            if r["out_of_fit"]
+            else ""
         )
-    return "\n".join(lines)
+    )
 
 
 # cost ---------------------------------------------------------------------------------------

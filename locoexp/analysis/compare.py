@@ -21,6 +21,7 @@ This module reads records, never imports jax.
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -182,7 +183,7 @@ def compare_arms(
         empty = "baseline" if not pooled_a else "ours"
         raise ValueError(f"the {empty} arm has no steady step with {STEP_TIME}.")
     tokens_a = [t for r in baseline for t in token_times(r, steady)]
-    result = {
+    result: dict[str, Any] = {
         "rule": rule,
         "baseline": _arm_summary(baseline, steady),
         "ours": _arm_summary(ours, steady),

@@ -14,6 +14,7 @@ Update u is the step record u - 1 (steps count from 0). This module never import
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -128,11 +129,11 @@ def steady_updates(run: Run) -> tuple[int, int]:
     return max(1, math.ceil(steps * 25 / 348)), scored[0]
 
 
-def cell_report(cell: Cell) -> dict:
+def cell_report(cell: Cell) -> dict[str, Any]:
     """One cell: the charged pair, chip-hours summed over seeds [seed bootstrap]."""
     cost = cell.charge()
-    report = {"cell": cell.label, "seeds": len(cell.seeds), **cost.as_metrics()}
-    if cost.reached:
+    report: dict[str, Any] = {"cell": cell.label, "seeds": len(cell.seeds), **cost.as_metrics()}
+    if cost.charged_step is not None:  # reached
         update = cost.charged_step + 1
         pair = _scored_updates(cell)
         report["charged_pair"] = [update, next(u for u in pair if u > update)]
@@ -148,7 +149,7 @@ def compare_cells(ours: Cell, against: Cell) -> dict:
     """Table I2's row: `against` over `ours` at each cell's own pair, at the same checkpoint,
     over the steady segment, and the status of the interval against the 1.25 bar."""
     a, b = cell_report(against), cell_report(ours)
-    row = {"ours": b, "against": a}
+    row: dict[str, Any] = {"ours": b, "against": a}
     if not (a["cost/reached"] and b["cost/reached"]):
         row["status"] = "not charged: a cell does not reach its target"
         return row

@@ -129,8 +129,11 @@ def fig3(runs: Sequence[Run], *, steady: str | None):
     a.legend(fontsize=7)
     for model, cells in group(runs, lambda r: r.model).items():
         tps = group(cells, lambda r: int(r.get("rollout.tensor_parallel", 1)))
-        points = [(tp[0], cell_value(c, "timing/step_s", steady)) for tp, c in tps.items()]
-        points = [(t, s) for t, s in points if s is not None]
+        points = [
+            (tp[0], s)
+            for tp, c in tps.items()
+            if (s := cell_value(c, "timing/step_s", steady)) is not None
+        ]
         if points:
             fastest = min(s for _, s in points)
             b.plot(

@@ -46,21 +46,23 @@ class Prediction:
 
 
 def _phases(run: Run, *names: str, steady: str | None) -> float:
-    values = [steady_median(run, f"timing/{n}_s", override=steady) for n in names]
-    missing = [n for n, v in zip(names, values, strict=True) if v is None]
-    if missing:
-        raise ConfigError(
-            f"{run.run_dir} logs no steady timing/{missing[0]}_s: recommend needs a co run's "
-            "admission, generation, reward, pack, train and publish times."
-        )
-    return sum(values)
+    total = 0.0
+    for name in names:
+        value = steady_median(run, f"timing/{name}_s", override=steady)
+        if value is None:
+            raise ConfigError(
+                f"{run.run_dir} logs no steady timing/{name}_s: recommend needs a co run's "
+                "admission, generation, reward, pack, train, publish and step times."
+            )
+        total += value
+    return total
 
 
-def _rollout(run: Run, steady) -> float:
+def _rollout(run: Run, steady: str | None) -> float:
     return _phases(run, "admission", "generation", "reward", steady=steady)
 
 
-def _training(run: Run, steady) -> float:
+def _training(run: Run, steady: str | None) -> float:
     return _phases(run, "pack", "train", steady=steady)
 
 
@@ -80,7 +82,7 @@ def predict_splits(
     hosts = top.hosts
     dr_h, dt_h = _rollout(top, steady), _training(top, steady)
     dpub = _phases(top, "publish", steady=steady)
-    lambda_co = steady_median(top, "timing/step_s", override=steady)
+    lambda_co = _phases(top, "step", steady=steady)  # every steady record logs it (a float)
     predictions = []
     for ht in range(1, hosts):
         hr = hosts - ht

@@ -35,7 +35,7 @@ def colors(runs: Sequence[Run]) -> dict[str, str]:
 def first_launches(runs: Sequence[Run]) -> list[Run]:
     """Each cell's first launch (the cell: `Run.label`): per-step panels of a 3-launch sweep
     would draw every cell three times over (`compare` and Figures 4-6 pool the launches)."""
-    first = {}
+    first: dict[str, Run] = {}
     for run in runs:
         if run.label not in first or run.launch < first[run.label].launch:
             first[run.label] = run
@@ -70,7 +70,8 @@ def learning(runs: Sequence[Run]):
 
 
 def draw_lines(ax, panel: Panel, runs: Sequence[Run]) -> None:
-    palette, drawn, plotted = colors(runs), False, []
+    palette, drawn = colors(runs), False
+    plotted: list[float] = []
     for run in runs:
         for key in panel.ys:
             points = sorted(
@@ -101,14 +102,15 @@ def _log_if_wide(ax, values: list[float]) -> None:
 
 
 def _mean(run: Run, phase: str, steady: str | None) -> float:
-    values = [r.get(f"timing/{phase}_s") for r in steady_steps(run, override=steady)]
-    values = [v for v in values if isinstance(v, int | float)]
+    timings = [r.get(f"timing/{phase}_s") for r in steady_steps(run, override=steady)]
+    values = [v for v in timings if isinstance(v, int | float)]
     return float(np.mean(values)) if values else 0.0
 
 
 def draw_breakdown(ax, runs: Sequence[Run], *, steady: str | None) -> None:
     """Mean seconds per phase over steady steps; `da` as two overlapping branches."""
-    x, ticks, labelled = 0.0, [], set()
+    x, ticks = 0.0, []
+    labelled: set[str] = set()
     for run in runs:
         if run.placement == "da":
             for offset, branch, name in (
@@ -181,19 +183,19 @@ def cost_to_learn(runs: Sequence[Run], *, target: float | None):
             target=own,
             chips=max(run.chips, 1),
             chip_hour_price_usd=run.records.chip_hour_price_usd,
-        ).as_metrics()
-        if "cost/chip_hours" in cost:
-            bars.bar(i, cost["cost/chip_hours"], color=palette[run.label])
+        )
+        if cost.chip_hours is not None and cost.charged_step is not None:  # reached
+            bars.bar(i, cost.chip_hours, color=palette[run.label])
             bars.annotate(
-                f"target {own:g}\nupdate {cost['cost/charged_step'] + 1}",
-                (i, cost["cost/chip_hours"]),
+                f"target {own:g}\nupdate {cost.charged_step + 1}",
+                (i, cost.chip_hours),
                 ha="center",
                 va="bottom",
                 fontsize=6,
             )
         else:
             bars.annotate(
-                f"target {own:g}:\n{cost['cost/status']}",
+                f"target {own:g}:\n{cost.as_metrics()['cost/status']}",
                 (i, 0),
                 ha="center",
                 va="bottom",

@@ -15,6 +15,7 @@ module must not decide when to export.
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -40,7 +41,7 @@ def policy_directory(run_dir: str | Path, *, updates: int | None) -> Path:
     return Path(run_dir) / POLICY_DIR / name
 
 
-def gather_to_host(params) -> object:
+def gather_to_host(params: Any) -> Any:
     """Every parameter as a full numpy array on every process (a collective when sharded across
     processes; every process must call it)."""
     if all(x.is_fully_addressable for x in jax.tree.leaves(params)):
@@ -78,7 +79,7 @@ def export_policy(
     try:
         save_checkpoint(nnx.merge(graphdef, host_params), model, str(partial))
         write_tokenizer_files(tokenizer, partial)
-        if adapter is not None:
+        if adapter is not None and host_adapters is not None:
             trained, config = nnx.to_pure_dict(host_adapters), adapter[0]
             saved = saved_weights(trained, config, model)
             factors = lora_factors(trained)

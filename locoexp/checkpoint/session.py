@@ -72,6 +72,7 @@ class RunSurvival:
 
     def restore(self, like: Any) -> Any:
         """The restored checkpoint's arrays, placed like the live arrays `like`."""
+        assert self.restored is not None, "restore() follows a restored run's start_step"
         _, arrays = self.checkpoints.restore(self.restored.next_step, like)
         return arrays
 

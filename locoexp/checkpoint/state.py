@@ -100,6 +100,7 @@ class RunCheckpoints:
     def _refusal(self, reason: str) -> ConfigError:
         """The sentence for a checkpoint that could not be written; its partial files removed."""
         self._failed = True
+        assert self._saving is not None, "a refusal is of the save in flight"
         step, need = self._saving
         if jax.process_index() == 0:
             for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):

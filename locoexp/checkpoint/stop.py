@@ -23,12 +23,18 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import numpy as np
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REPEAT_GRACE_S = 2.0
 STOPPED_EXIT_CODES = tuple(128 + int(n) for n in STOP_SIGNALS)  # a host that stopped cleanly
+
+
+# what `signal.signal` takes and returns: a handler, SIG_DFL / SIG_IGN, or None (not from Python)
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class RunStopped(Exception):  # noqa: N818  (a stop is the normal end of a stopped run)
@@ -52,7 +58,7 @@ class StopSignals:
         self.run_dir = Path(run_dir)
         self.received: int | None = None
         self._received_at = 0.0
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def install(self) -> "StopSignals":
         """Take SIGTERM/SIGINT; called again, take them back from a handler installed since (a

@@ -183,6 +183,12 @@ def trainer_programs(shapes: RunShapes, trainer: Trainer) -> list[ProgramMemory]
     return out
 
 
+def _abstract_int32(shape: tuple[int, ...], sharding: jax.sharding.Sharding) -> jax.Array:
+    """An int32 argument of `shape` for lowering, nothing allocated: jax lowers from a
+    ShapeDtypeStruct wherever an array goes, which its annotations do not say."""
+    return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)  # type: ignore[return-value]
+
+
 def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
     """The engine's programs at the plan's capacity: one wave (waves), or every request of
     the step through the slots (continuous) and the first compaction."""
@@ -199,10 +205,10 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
     slots = engine.slot_programs
     replicated = slots.replicated
     placed = decode.Requests(
-        prompts=jax.ShapeDtypeStruct((requests, e.prompt_tokens), jnp.int32, sharding=replicated),
-        prompt_lens=jax.ShapeDtypeStruct((requests,), jnp.int32, sharding=replicated),
-        caps=jax.ShapeDtypeStruct((requests,), jnp.int32, sharding=replicated),
-        first=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+        prompts=_abstract_int32((requests, e.prompt_tokens), replicated),
+        prompt_lens=_abstract_int32((requests,), replicated),
+        caps=_abstract_int32((requests,), replicated),
+        first=_abstract_int32((), replicated),
     )
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     static = (call, width, requests)

@@ -79,7 +79,7 @@ def verdict_line(result: CompiledRun, setup: Setup, confirmed=None) -> str:
     if refused:  # XLA's own words: the program cannot be laid out in the device's memory
         role, first = refused[0].role, refused[0]
         need = result.peak(first)
-        note = f" (XLA refused {first.role} {first.name}: {first.refusal.rstrip('.')})"
+        note = f" (XLA refused {first.role} {first.name}: {str(first.refusal).rstrip('.')})"
     shortfall = f"the {role} needs {_gib(need)} GiB per device"
     if result.shared and not refused:
         role, need = "machine", result.machine_total

@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import tempfile
+from typing import Any
 
 import jax
 
@@ -84,7 +85,8 @@ def topology_devices(hardware: HardwareConfig) -> list[jax.Device]:
 
     try:
         with _quiet_stderr():
-            devices = topologies.get_topology_desc(name, platform="tpu").devices
+            # libtpu's devices (untyped): a process_index and an id each
+            devices: list[Any] = topologies.get_topology_desc(name, platform="tpu").devices
     except Exception as error:  # libtpu's own error for a topology it does not know
         raise ConfigError(
             f"libtpu does not know the topology {name} (hardware.topology="

@@ -207,7 +207,11 @@ def _at_depth(shapes: RunShapes, devices: list, roles: tuple[str, ...], limit: i
     if len(cuts) > 1 and not cuts_on_a_line(*compiled):  # a refusal: the whole model, once
         cuts = (shapes.model.num_layers,)
         compiled = [compile_programs(shapes, devices, layers=cuts[0], roles=roles)]
-    programs = compiled[0] if len(cuts) == 1 else at_depth(*compiled, cuts, shapes.model.num_layers)
+    programs = (
+        compiled[0]
+        if len(cuts) == 1
+        else at_depth(compiled[0], compiled[1], cuts, shapes.model.num_layers)
+    )
     if len(cuts) > 1 and any(p.footprint > limit for p in programs):  # near the memory: whole
         cuts = (shapes.model.num_layers,)
         programs = compile_programs(shapes, devices, layers=cuts[0], roles=roles)

@@ -163,6 +163,7 @@ def _serve(reply_fd: int) -> int:
     requests, replies = sys.stdin.buffer, os.fdopen(reply_fd, "wb")
     while (config := _receive(requests)) is not None:
         cpu = config.hardware.chip is ChipKind.cpu
+        reply: tuple[str, object]
         try:
             reply = ("done", compile_run(config, devices=jax.devices() if cpu else None))
         except ConfigError as error:

@@ -111,7 +111,8 @@ def _check_json(text: str, columns: tuple[str, ...]) -> None:
 
 
 def _require_columns(row: object, columns: tuple[str, ...], *, where: str) -> None:
-    require(isinstance(row, dict), f"{where} is not a JSON object of column -> value.")
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where} is not a JSON object of column -> value.")
     missing = [c for c in columns if c not in row]
     if missing:
         raise ConfigError(

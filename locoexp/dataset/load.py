@@ -10,6 +10,7 @@ Hub that does not answer within 2 s is refused before `datasets` would retry it 
 """
 
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import datasets
 import huggingface_hub
@@ -30,12 +31,26 @@ _BUILDERS = {
 _JSON_CHUNK_BYTES = 256 << 20
 
 
+@overload
+def load_rows(
+    config: DatasetConfig, *, held_out: Literal[False], features: datasets.Features | None = None
+) -> datasets.Dataset: ...
+
+
+@overload
+def load_rows(
+    config: DatasetConfig, *, held_out: bool, features: datasets.Features | None = None
+) -> datasets.Dataset | None: ...
+
+
 def load_rows(
     config: DatasetConfig, *, held_out: bool, features: datasets.Features | None = None
 ) -> datasets.Dataset | None:
-    """The training rows, or the held-out rows (None when the source has no held-out split).
-    `features` fixes the schema where inferring it from the first file can fail (a column that
-    is null throughout one file and text in the next)."""
+    """The training rows, or the held-out rows (None when the source has no held-out split; a
+    source without a training split is refused). `features` fixes the schema where inferring it
+    from the first file can fail (a column that is null throughout one file and text in the
+    next)."""
+    kwargs: dict[str, Any]
     if config.data_files is not None:
         files = config.eval_data_files if held_out else config.data_files
         if files is None:
@@ -47,7 +62,13 @@ def load_rows(
     else:
         split = config.eval_split if held_out else config.train_split
         if config.path is None or not split:
-            return None
+            if held_out:
+                return None
+            raise ConfigError(
+                f"dataset={config.kind.value} has no training split: set dataset.data_files to "
+                "local files, or dataset.path to a Hub id with a non-empty dataset.train_split "
+                f"(dataset.path={config.path}, dataset.train_split={config.train_split!r})."
+            )
         builder = config.path
         kwargs = {"name": config.name, "revision": config.revision, "split": split}
         _require_hub(config, held_out)

@@ -44,13 +44,14 @@ def encode_step_prompts(
         return {}
     last = max(steps)
     direct = tokenizer.render_chat(messages[:last], add_generation_prompt=True, thinking=thinking)
-    turns = tokenizer.render_chat(messages, add_generation_prompt=False, thinking=thinking)
-    turns = turns.split(_TURN_START)
+    whole = tokenizer.render_chat(messages, add_generation_prompt=False, thinking=thinking)
+    turns = whole.split(_TURN_START)
     head = _TURN_START + _TURN_START.join(turns[1 : last + 1])
     if turns[0] or len(turns) != len(messages) + 1 or not direct.startswith(head):
         return {k: encode_chat_prompt(tokenizer, messages[:k], thinking=thinking) for k in steps}
     generation = tokenizer.encode(direct[len(head) :])
-    wanted, prompts, ids = set(steps), {}, []
+    wanted, prompts = set(steps), {}
+    ids: list[int] = []
     for k in range(last + 1):
         if k in wanted:
             prompts[k] = ids + generation

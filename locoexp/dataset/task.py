@@ -29,11 +29,17 @@ class Example:
 
 
 class Task(Protocol):
-    tokenizer: Tokenizer
-    train: Sequence[Example]
-    eval: Sequence[Example]
-    # Prompts longer than the cap that were dropped or truncated at load time (for metrics).
-    long_prompts: int
+    # Read-only members (properties): a task may hold a narrower tokenizer or a list of examples.
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def train(self) -> Sequence[Example]: ...
+    @property
+    def eval(self) -> Sequence[Example]: ...
+    @property
+    def long_prompts(self) -> int:
+        """Prompts longer than the cap that were dropped or truncated at load time (metrics)."""
+        ...
 
     def encode_prompt(self, example: Example) -> np.ndarray:
         """Engine input for one request of `example`, made from its text now (chat template,

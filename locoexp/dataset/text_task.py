@@ -42,7 +42,9 @@ class TextTask:
         """Render the example's conversation with the chat template, tokenize it and cap it: the
         per-request work of admission (Section 4.3). Examples kept at load are never dropped."""
         tokens = encode_chat_prompt(self.tokenizer, example.messages, thinking=self.thinking)
-        return cap_prompt(tokens, self.max_prompt_tokens, self.long_prompt_policy)
+        capped = cap_prompt(tokens, self.max_prompt_tokens, self.long_prompt_policy)
+        assert capped is not None, "a prompt kept at load fits its cap once truncated"
+        return capped
 
     def response_text(self, completion: np.ndarray) -> str:
         ids = [int(i) for i in completion]

@@ -74,11 +74,18 @@ class HardwareConfig:
 
     @property
     def chips(self) -> int:
-        return self.hosts * self.chips_per_host
+        return self._resolved_hosts * self.chips_per_host
 
     @property
     def devices(self) -> int:
-        return self.hosts * self.devices_per_host
+        return self._resolved_hosts * self.devices_per_host
+
+    @property
+    def _resolved_hosts(self) -> int:
+        # counts are read from `Config.resolved_hardware`, never from the user's unresolved copy
+        if self.hosts is None:
+            raise ValueError("hardware.hosts is unresolved here: read Config.resolved_hardware")
+        return self.hosts
 
     def listen_address(self, *, multi_machine: bool) -> str | None:
         """`bind_address`, or its default: loopback unless the run spans machines."""
@@ -163,11 +170,11 @@ class HardwareConfig:
             f"hardware.coordinator_address={address} must be host 0's address and port, such "
             "as 10.0.0.1:8476 ([fd00::1]:8476 for IPv6).",
         )
-        require(
-            self.hosts is not None and 0 <= index < self.hosts,
-            f"hardware.process_id={index} must be in [0, hardware.hosts) with hardware.hosts set "
-            f"(hardware.hosts={self.hosts}).",
-        )
+        if index is None or self.hosts is None or not 0 <= index < self.hosts:
+            raise ConfigError(
+                f"hardware.process_id={index} must be in [0, hardware.hosts) with hardware.hosts "
+                f"set (hardware.hosts={self.hosts})."
+            )
 
     @property
     def cluster_launched(self) -> bool:

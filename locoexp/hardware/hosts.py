@@ -5,7 +5,7 @@ Plain integers only: the root config checks, the planner and the run readers (`m
 `analysis`, which never import the root `Config`) share these definitions.
 """
 
-from locoexp.errors import require
+from locoexp.errors import ConfigError
 
 
 def valid_splits(hosts: int) -> list[float]:
@@ -32,9 +32,9 @@ def minimal_hosts(*, disaggregated: bool, split: float | None) -> int:
     if not disaggregated or split is None:
         return 2 if disaggregated else 1
     found = next((h for h in range(2, 1025) if trainer_hosts(split, h) is not None), None)
-    require(
-        found is not None,
-        f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share such "
-        "as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts).",
-    )
+    if found is None:
+        raise ConfigError(
+            f"split={split} gives no whole trainer host count on up to 1024 hosts; use a share "
+            "such as 0.5 (2 hosts), 0.25 (4 hosts) or 0.125 (8 hosts)."
+        )
     return found

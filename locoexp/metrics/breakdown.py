@@ -27,6 +27,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 from jax.profiler import ProfileData
@@ -128,7 +129,8 @@ def step_breakdown(profile: ProfileData, step: int) -> Breakdown:
             exchanges.append(_clip(event.start_ns, event.start_ns + event.duration_ns, window))
     exchange = _merge(exchanges)
     per_device = []
-    for intervals in ops.values() or [{"collective": [], "compute": []}]:
+    no_ops: list[dict[str, list[Interval]]] = [{"collective": [], "compute": []}]
+    for intervals in ops.values() or no_ops:
         network = _merge(intervals["collective"])
         compute = _minus(_merge(intervals["compute"]), network)
         busy = _merge([*network, *compute])
@@ -146,8 +148,8 @@ def step_breakdown(profile: ProfileData, step: int) -> Breakdown:
     )
 
 
-def _events(profile: ProfileData) -> Iterator[tuple[object, tuple]]:
-    """Every event with the (plane, line) it sits on."""
+def _events(profile: ProfileData) -> Iterator[tuple[Any, tuple[str, str]]]:
+    """Every event with the (plane, line) it sits on (xprof's events are untyped)."""
     for plane in profile.planes:
         for line in plane.lines:
             for event in line.events:

@@ -53,7 +53,9 @@ def cut_back(path: Path, *, next_step: int) -> tuple[list[dict], list[dict]]:
     dropped."""
     if not path.exists():
         return [], []
-    kept, dropped, lines = [], [], []
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    lines: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)

@@ -82,7 +82,7 @@ class RunOutput:
             "time/elapsed_s": checkpoint.elapsed_s,
         }
         self.metrics_file.write(record)
-        self.logger.log(record, step=record["step"])
+        self.logger.log(record, step=checkpoint.step)
 
     def finish(
         self,

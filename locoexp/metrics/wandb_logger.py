@@ -176,7 +176,9 @@ def start_wandb_run(
         dir=str(run_dir),
         id=load_or_create_run_id(run_dir),
         resume="allow",
-        mode=checked_mode(config),
+        # WANDB_MODE passes through in W&B's own spellings; its settings also take `dryrun`
+        # and `run`, which the annotation of `init` leaves out
+        mode=checked_mode(config),  # type: ignore[arg-type]
     )
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import pathlib
 import re
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +42,7 @@ PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # refused,
 Path = tuple[str | int, ...]
 
 # Per block: HF name under model.layers.N -> (NNX path under layers[N], stored as HF [out, in]).
-_BLOCK = {
+_BLOCK: dict[str, tuple[Path, bool]] = {
     "self_attn.q_proj.weight": (("attn", "q_proj", "kernel"), True),
     "self_attn.k_proj.weight": (("attn", "k_proj", "kernel"), True),
     "self_attn.v_proj.weight": (("attn", "v_proj", "kernel"), True),
@@ -52,15 +53,15 @@ _BLOCK = {
     "input_layernorm.weight": (("input_norm", "scale"), False),
     "post_attention_layernorm.weight": (("post_attn_norm", "scale"), False),
 }
-_QK_NORM = {  # Qwen3 only
+_QK_NORM: dict[str, tuple[Path, bool]] = {  # Qwen3 only
     "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), False),
     "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), False),
 }
 _DENSE_MLP = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
 # Qwen3-MoE: the router, and expert j's projections as slice j of the stacked [E, ...] kernels
 # (a path ending in the expert index; `_stack_experts` assembles them).
-_ROUTER = {"mlp.gate.weight": (("mlp", "router"), True)}
-_EXPERT = {
+_ROUTER: dict[str, tuple[Path, bool]] = {"mlp.gate.weight": (("mlp", "router"), True)}
+_EXPERT: dict[str, tuple[Path, bool]] = {
     "gate_proj.weight": (("mlp", "gate_proj"), True),
     "up_proj.weight": (("mlp", "up_proj"), True),
     "down_proj.weight": (("mlp", "down_proj"), True),
@@ -284,10 +285,10 @@ def read_json(file: pathlib.Path, directory: str) -> dict:
 def _shard_files(directory: pathlib.Path) -> list[pathlib.Path]:
     if (directory / INDEX_FILE).is_file():
         weight_map = read_json(directory / INDEX_FILE, str(directory)).get("weight_map")
-        require(
-            isinstance(weight_map, dict) and weight_map,
-            f"model.checkpoint={directory}: {INDEX_FILE} has no weight_map of tensor -> file.",
-        )
+        if not (isinstance(weight_map, dict) and weight_map):
+            raise ConfigError(
+                f"model.checkpoint={directory}: {INDEX_FILE} has no weight_map of tensor -> file."
+            )
         return [directory / name for name in sorted(set(weight_map.values()))]
     pickled = [name for name in PICKLE_FILES if (directory / name).is_file()]
     require(
@@ -351,7 +352,8 @@ def load_checkpoint(config: ModelConfig, directory: str) -> Transformer:
     require(path.is_dir(), f"model.checkpoint={directory} is not a directory.")
     require((path / CONFIG_FILE).is_file(), f"model.checkpoint={directory} has no {CONFIG_FILE}.")
     check_architecture(read_json(path / CONFIG_FILE, directory), config, directory)
-    params = read_parameters(path, config)
+    # keyed by NNX path: the flat state's keys are the same tuples of names and indices
+    params: dict[tuple[Any, ...], np.ndarray] = read_parameters(path, config)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(config, seed=0)))
     leaves = []
     for key, variable in nnx.to_flat_state(state):
@@ -387,7 +389,8 @@ def save_checkpoint(
     if len(shards) == 1:
         save_file(shards[0], str(path / SINGLE_FILE), metadata={"format": "pt"})
         return
-    weight_map, total = {}, 0
+    weight_map: dict[str, str] = {}
+    total = 0
     for i, shard in enumerate(shards, start=1):
         file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(path / file), metadata={"format": "pt"})
@@ -457,10 +460,10 @@ def check_checkpoint(config: ModelConfig) -> None:
         not missing,
         f"model.checkpoint={directory} lacks the tensor(s) {', '.join(missing[:5])}.",
     )
-    for name, (file, shape) in found.items():
+    for name, (file_name, shape) in found.items():
         require(
             shape == expected[name],
-            f"model.checkpoint={directory}: {file} holds {name} with shape {shape}, but the "
+            f"model.checkpoint={directory}: {file_name} holds {name} with shape {shape}, but the "
             f"selected model needs {expected[name]}.",
         )
 

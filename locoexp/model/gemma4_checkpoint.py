@@ -7,12 +7,14 @@ router's `proj`, `scale` and `per_expert_scale`, and the experts fused as `exper
 Global layers with `attention_k_eq_v` have no v_proj. It maps names; it reads no tensor.
 """
 
+from typing import Any
+
 from locoexp.errors import require
 from locoexp.model.config import Family, ModelConfig
 
 Path = tuple[str | int, ...]
 
-_LAYER = {
+_LAYER: dict[str, tuple[Path, bool]] = {
     "self_attn.q_proj.weight": (("attn", "q_proj", "kernel"), True),
     "self_attn.k_proj.weight": (("attn", "k_proj", "kernel"), True),
     "self_attn.v_proj.weight": (("attn", "v_proj", "kernel"), True),
@@ -28,7 +30,7 @@ _LAYER = {
     "mlp.down_proj.weight": (("mlp", "down_proj", "kernel"), True),
     "layer_scalar": (("layer_scalar",), False),
 }
-_EXPERTS = {
+_EXPERTS: dict[str, tuple[Path, bool]] = {
     "router.proj.weight": (("experts", "router"), True),
     "router.scale": (("experts", "router_scale"), False),
     "router.per_expert_scale": (("experts", "per_expert_scale"), False),
@@ -113,7 +115,7 @@ def _global_geometry(hf: dict) -> tuple[int, int]:
         return hf["global_head_dim"], kv if hf.get("attention_k_eq_v") else hf[
             "num_key_value_heads"
         ]
-    overrides = next(iter((hf.get("per_layer_config") or {}).values()), {})
+    overrides: dict[str, Any] = next(iter((hf.get("per_layer_config") or {}).values()), {})
     return (
         overrides.get("head_dim", hf["head_dim"]),
         overrides.get("num_key_value_heads", hf["num_key_value_heads"]),

@@ -51,7 +51,8 @@ class Linear(nnx.Linear):
     SwiGLU MLP's forward + backward at [2, 2,560, 256] x 768 took 229 ms 3-D, 168 ms flattened;
     experiments/LOG.md, session 7)."""
 
-    def __call__(self, x: Array) -> Array:
+    # takes no `out_sharding`: the flattened matmul keeps the base's sharding of the kernel
+    def __call__(self, x: Array) -> Array:  # type: ignore[override]
         lead = x.shape[:-1]
         return super().__call__(x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
 

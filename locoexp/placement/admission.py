@@ -67,7 +67,8 @@ def admit_requests(
     ([N] token arrays, the host's own record of what it admitted) and what admission did.
     `on_first_request`: called once, after the first request is submitted."""
     start, cpu_start = time.perf_counter(), time.thread_time()
-    prompts, first, last = [], 0, 0
+    prompts: list[np.ndarray] = []
+    first, last = 0, 0
     for example in examples:
         for sample in range(group_size):
             tokens = example.prompt_tokens if pretokenized else task.encode_prompt(example)

@@ -29,6 +29,7 @@ from locoexp.placement.inprocess import InProcess
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.settings import HalvesSpec
 from locoexp.rollout.build import build_engine
+from locoexp.rollout.engine import JaxEngine
 from locoexp.trainer.trainer import Trainer, trainer_mesh
 
 
@@ -76,7 +77,10 @@ def build_in_process(
     publish = functools.partial(publish_to_engine, engine=rollout.engine, one_call=one_call)
     # Table H2's 405B workaround (rollout=jax only: RolloutConfig refuses it with vLLM)
     releases = halves.rollout.release_weights_during_training
-    release = rollout.engine.release_weights if releases else None
+    release = None
+    if releases:  # RolloutConfig allows it with the JAX engine only
+        assert isinstance(rollout.engine, JaxEngine)
+        release = rollout.engine.release_weights
     trainer = build_trainer_half(
         policy, halves, group=group, publish=publish, release=release, **where
     )

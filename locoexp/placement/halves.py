@@ -31,6 +31,7 @@ from locoexp.placement import phases
 from locoexp.placement.admission import AdmissionLog
 from locoexp.placement.multihost import HostGroup, exchange_rows
 from locoexp.placement.settings import StepSettings
+from locoexp.rollout.engine import Rollout
 from locoexp.rollout.protocol import Engine
 from locoexp.rollout.requests import RequestQueue
 from locoexp.rollout.straggler import injected_delay_s
@@ -87,7 +88,7 @@ class TrainResult:
     # when each of those batches was generated (its rollout host's load to reward)
     windows: tuple[Window, ...]
     # O1: every host's record of the previous step, brought back by this step's row exchange
-    exchanged: list[dict] | None
+    exchanged: list[dict[str, Any]] | None
     report: HalfReport
 
 
@@ -132,18 +133,7 @@ class RolloutHalf:
             )
         head_interval_s = timer.elapsed_s()  # Figure 5: step start to generation start
         with timer.phase("generation"):
-            generation_start = time.perf_counter()
-            rollout = phases.generate(
-                self.engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
-            )
-            injected = injected_delay_s(
-                s.straggler,
-                step=step,
-                host=self.host,
-                hosts=self.hosts,
-                seed=s.seed,
-                generation_s=time.perf_counter() - generation_start,
-            )
+            rollout, injected = self._generate(step, queue, key)
         if self.admission_log is not None:
             self.admission_log.write(step, admitted.record)
         with timer.phase("reward"):
@@ -172,8 +162,24 @@ class RolloutHalf:
             report=HalfReport(metrics, Window(start, time.time())),
         )
 
+    def _generate(self, step: int, queue: RequestQueue, key: jax.Array) -> tuple[Rollout, float]:
+        """The step's rollout, and the delay rollout.straggler injected into it (seconds)."""
+        s, generation_start = self.settings, time.perf_counter()
+        rollout = phases.generate(
+            self.engine, queue, key=key, max_new_tokens=s.max_new_tokens, sampling=s.sampling
+        )
+        injected = injected_delay_s(
+            s.straggler,
+            step=step,
+            host=self.host,
+            hosts=self.hosts,
+            seed=s.seed,
+            generation_s=time.perf_counter() - generation_start,
+        )
+        return rollout, injected
+
     def _load_newer(self, published: Published) -> None:
-        if published.version != self.version:
+        if self.load is not None and published.version != self.version:
             self.load(self.engine, published)
             self.version = published.version
 
@@ -211,7 +217,7 @@ class TrainerHalf:
     release: Callable[[], None] | None = None
 
     def train(
-        self, step: int, batches: Sequence[RolloutBatch], *, carried: dict | None = None
+        self, step: int, batches: Sequence[RolloutBatch], *, carried: dict[str, Any] | None = None
     ) -> TrainResult:
         """One update on this host's share of `batches` (all of batch `step`); `carried` is the
         previous step's record that O1 sends along with the row exchange."""
@@ -256,8 +262,8 @@ class TrainerHalf:
         export_trainer_policy(self.trainer, model, tokenizer, directory)
 
     def pack(
-        self, batches: Sequence[RolloutBatch], *, carried: dict | None
-    ) -> tuple[PackedBatch, list[dict] | None]:
+        self, batches: Sequence[RolloutBatch], *, carried: dict[str, Any] | None
+    ) -> tuple[PackedBatch, list[dict[str, Any]] | None]:
         """This host's share of `batches` in rows agreed with the other trainer hosts (the
         exchange `carried` rides on); returns the rows and what the exchange brought back."""
         s, (index, count) = self.settings, self.share
@@ -291,7 +297,7 @@ def publish_to_engine(trainer: Trainer, *, engine: Engine, one_call: bool) -> Pu
     return Published(trainer.steps_done)
 
 
-def decode_metrics(rollout) -> dict[str, float]:
+def decode_metrics(rollout: Rollout) -> dict[str, float]:
     """Figure 7b's per-iteration decode time: the engine's decode iterations only (prefill and
     compiles excluded); none where the engine interleaves prefill and decode (vLLM)."""
     per_iteration = rollout.decode_s_per_iteration

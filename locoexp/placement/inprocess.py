@@ -16,6 +16,7 @@ the policy with `export` (`transport.Transport`).
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,14 +51,14 @@ class InProcess:
         return [pending.report], [pending]
 
     def start_train(
-        self, step: int, batches: list[RolloutBatch], *, carried: dict | None
+        self, step: int, batches: list[RolloutBatch], *, carried: dict[str, Any] | None
     ) -> TrainResult:
         return self.trainer.train(step, batches, carried=carried)
 
     def collect_train(self, pending: TrainResult, timer: StepTimer) -> list[TrainResult]:
         return [pending]
 
-    def exchange(self, record: dict) -> list[dict]:
+    def exchange(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         return exchange_metrics(self.group, record)
 
     def evaluate(self, published: Published, *, limit: int | None) -> float:
@@ -69,9 +70,11 @@ class InProcess:
     def restore(self, checkpoints: RunCheckpoints, progress: RunProgress) -> Published:
         """Continue from the checkpoint after `progress.next_step` updates; the restored weights
         are published to this host's engine (what the next batch samples with)."""
-        return self.trainer.restore(checkpoints, progress.next_step)
+        published = self.trainer.restore(checkpoints, progress.next_step)
+        assert published is not None, "in-process, every trainer host publishes to its engine"
+        return published
 
-    def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool):
+    def checkpoint(self, checkpoints: RunCheckpoints, progress: RunProgress, *, wait: bool) -> None:
         """This host's shards of the training state and (process 0) `progress`."""
         self.trainer.save(checkpoints, progress, wait=wait)
 

@@ -132,6 +132,7 @@ class JoinDeadline:
         nothing does before the deadline."""
         from locoexp.errors import ConfigError  # noqa: PLC0415
 
+        assert self.coordinator is not None, "only a named coordinator is waited for"
         host, port = self.coordinator.rsplit(":", 1)
         said = False
         while True:

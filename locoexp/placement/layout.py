@@ -14,6 +14,7 @@ builder. Jax-free.
 """
 
 import dataclasses
+from typing import Any
 
 from locoexp.errors import require
 from locoexp.placement.config import PlacementKind
@@ -47,7 +48,7 @@ class Layout:
     rollout_restart_timeout_s: float = 600.0
     object_store_bytes: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         require(
             self.trainer_hosts >= 1 and self.rollout_hosts >= 1,
             "the trainer and the rollout engines each need at least one host.",
@@ -95,7 +96,7 @@ def build_layout(
     split: float | None = None,
     max_staleness: int = 1,
     cpu: bool = True,
-    **meeting,
+    **meeting: Any,
 ) -> Layout:
     """The layout of `kind` on `hosts` hosts; `meeting`: Layout's coordinator and Ray fields."""
     trainer_hosts, per_engine, staleness = hosts, 1, 0

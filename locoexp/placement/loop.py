@@ -64,7 +64,7 @@ NOTHING_PUBLISHED = Published(0)  # the initial weights, before any update
 class RecordSink(Protocol):
     """Where records go: `metrics.run_output.RunOutput` (or a benchmark's list)."""
 
-    def export(self, record: dict) -> None: ...
+    def export(self, record: dict[str, Any]) -> None: ...
 
     def on_eval(self, checkpoint: Checkpoint, *, seconds: float) -> None: ...
 
@@ -96,7 +96,7 @@ class LoopClock:
 
 
 def drive(
-    transport: Transport,
+    transport: Transport[Any, Any, Any],
     plan: LoopPlan,
     *,
     timer: StepTimer,
@@ -104,7 +104,7 @@ def drive(
     start_time: float,
     clock_offset_s: float = 0.0,
     hooks: SurvivalHooks | None = None,
-    extra_summary: dict | None = None,
+    extra_summary: dict[str, Any] | None = None,
     earlier_eval_s: float = 0.0,
     published: Published = NOTHING_PUBLISHED,
     profiler: StepProfiler | None = None,
@@ -145,7 +145,7 @@ class StepLoop:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Transport[Any, Any, Any],
         plan: LoopPlan,
         *,
         timer: StepTimer,
@@ -158,15 +158,15 @@ class StepLoop:
         self.transport, self.plan, self.timer = transport, plan, timer
         self.output, self.hooks = output, hooks
         self.clock = LoopClock(start_time=start_time, offset_s=clock_offset_s)
-        self.records: list[dict] = []
+        self.records: list[dict[str, Any]] = []
         self.published = published
         self.pending: dict[int, Any] = {}  # batches started and not yet trained, by step
         self.started = plan.start_step - 1  # the newest batch started
         self.batch_end: float | None = None  # when the last batch trained was complete
-        self.previous: tuple[dict, list[TrainResult]] | None = None  # awaiting emission
+        self.previous: tuple[dict[str, Any], list[TrainResult]] | None = None  # awaiting emission
         self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[dict[str, Any]]:
         try:
             first = self.plan.start_step
             for step in range(first, self.plan.steps):
@@ -203,7 +203,9 @@ class StepLoop:
         breakdown = self.profiler.metrics(step)
         if breakdown:  # the profiler's stop and parse stay off the clock, like evaluation
             self.clock.eval_total_s += time.perf_counter() - step_end
-        self.published = results[0].published
+        published = results[0].published
+        assert published is not None, "the first result is of a host that publishes"
+        self.published = published
         record = {
             "step": step,
             **(self._absorbed(reports) if self.plan.staleness else {}),
@@ -239,7 +241,12 @@ class StepLoop:
             self.pending[batch] = self.transport.start_rollout(batch, self.published)
         self.started = max(self.started, last)
 
-    def _emit(self, exchanged: list[dict] | None, *, next_reports=None) -> None:
+    def _emit(
+        self,
+        exchanged: list[dict[str, Any]] | None,
+        *,
+        next_reports: list[HalfReport] | None = None,
+    ) -> None:
         """Step t's record: every host's (O1: `exchanged` from the row exchange; otherwise a
         collective of its own), reduced; under `da` with its overlap of batch t+1."""
         if self.previous is None:
@@ -254,7 +261,7 @@ class StepLoop:
         )
         record.update(straggler(record))
         if self.plan.staleness:
-            following = self.pending.get(record["step"] + 1)
+            following = self.pending.get(int(record["step"]) + 1)
             if next_reports is None and following is not None:
                 next_reports, _ = self.transport.collect_rollout(following, None)
             record.update(overlap(trained, next_reports))
@@ -300,7 +307,7 @@ def unfreeze_gc() -> None:
     gc.unfreeze()
 
 
-def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict:
+def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict[str, Any]:
     """How long step t's training (transfer to publish) ran alongside batch t+1's rollout."""
     start = min(t.report.window.start for t in trained)
     end = max(t.report.window.end for t in trained)
@@ -312,7 +319,7 @@ def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -
     return {"timing/overlap_s": seconds, "timing/overlap_share": seconds / max(end - start, 1e-9)}
 
 
-def straggler(record: dict) -> dict[str, float]:
+def straggler(record: dict[str, Any]) -> dict[str, float]:
     """The slowest rollout host's lead over the mean host (Section 4.4: 38% to 55% of the step
     at 128 chips) and its share of the step, from every host's `timing/rollout_host_s`."""
     slowest = record.get("timing/rollout_host_s", 0.0)
@@ -320,7 +327,9 @@ def straggler(record: dict) -> dict[str, float]:
     return {"timing/straggler_s": lead, "timing/straggler_share": lead / record["timing/step_s"]}
 
 
-def summarize(records: list[dict], window: SteadyWindow, *, staleness: int) -> dict[str, float]:
+def summarize(
+    records: list[dict[str, Any]], window: SteadyWindow, *, staleness: int
+) -> dict[str, float]:
     """Every placement's summary keys; with staleness, what was achieved in the steady window."""
     summary = summarize_steps(records, window)
     if staleness:

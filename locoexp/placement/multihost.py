@@ -52,8 +52,9 @@ def exchange_rows(
     """The packed-shape agreement: every host's row count -> the largest (Algorithm 1, line 4).
     O1 (Table B1): `carried`, this host's record of the previous step, rides on the same
     collective; every host's comes back (None when nothing was carried)."""
-    keys = sorted(carried or {})
-    gathered = group.allgather(np.array([rows, *(carried[k] for k in keys)], np.float64))
+    values = carried or {}
+    keys = sorted(values)
+    gathered = group.allgather(np.array([rows, *(values[k] for k in keys)], np.float64))
     return int(gathered[:, 0].max()), None if carried is None else _records(keys, gathered[:, 1:])
 
 

@@ -33,7 +33,7 @@ class Admitted:
     examples: list[Example]
     requests: list[np.ndarray]
     group_size: int
-    record: AdmissionRecord | None = None  # what admission did (None: not admitted this way)
+    record: AdmissionRecord  # what admission did
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,8 @@ def split_across_hosts(
     if not balance:
         ends = np.cumsum(sizes)
         return [indices[end - size : end] for size, end in zip(sizes, ends, strict=True)]
-    loads, shares = np.zeros(hosts), [[] for _ in range(hosts)]
+    loads = np.zeros(hosts)
+    shares: list[list[int]] = [[] for _ in range(hosts)]
     for i in np.argsort(-lengths, kind="stable"):
         open_hosts = [h for h in range(hosts) if len(shares[h]) < sizes[h]]
         h = min(open_hosts, key=lambda j: loads[j])

@@ -84,7 +84,8 @@ def side_profile(profiler: StepProfiler, step: int) -> Iterator[dict[str, float]
     this actor's own call, on its own devices) and `breakdown/<side>_profile_s`, the seconds the
     trace's stop and parse took inside the call (they delay what waits for this actor). Empty
     for a step not profiled."""
-    side, metrics = profiler.role, {}
+    side = profiler.role
+    metrics: dict[str, float] = {}
     with profiler.capture(step):
         yield metrics
         end = time.perf_counter()

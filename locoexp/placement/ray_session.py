@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import ray
 
@@ -35,7 +36,9 @@ from locoexp.placement.layout import Layout
 @contextlib.contextmanager
 def ray_session(layout: Layout) -> Iterator[None]:
     """Ray for the run, connected or started, until `ray.shutdown()` (module docstring)."""
-    options = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True)
+    options: dict[str, Any] = dict(
+        include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True
+    )
     if layout.bind_address is not None:
         options["_node_ip_address"] = layout.bind_address
     try:
@@ -44,7 +47,9 @@ def ray_session(layout: Layout) -> Iterator[None]:
             yield
         else:
             _start_local(layout, options)
-            with watchdog(ray._private.worker._global_node.get_session_dir_path()):
+            node = ray._private.worker._global_node
+            assert node is not None, "ray.init has started this driver's node"
+            with watchdog(node.get_session_dir_path()):
                 try:
                     yield
                 finally:  # before the watchdog's end: it stops what Ray's shutdown left
@@ -79,6 +84,7 @@ def watchdog(session_dir: str) -> Iterator[None]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C, or a signal to the driver's group, leaves it be
     )
+    assert process.stdin is not None, "started with stdin=PIPE"
     try:
         yield
     finally:

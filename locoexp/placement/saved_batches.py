@@ -54,7 +54,8 @@ def save_batches(
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npz")
     try:
-        np.savez(partial, **arrays)
+        # numpy's stub matches **arrays against savez's allow_pickle keyword
+        np.savez(partial, **arrays)  # type: ignore[arg-type]
         os.replace(partial, path)
     except OSError as error:  # a full disk: the run stops with the last checkpoint intact
         partial.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ reaches the trainer's arrays where they live (this process, or every trainer act
 """
 
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
@@ -42,11 +42,13 @@ class Transport(Protocol[PendingRollout, Batches, PendingTrain]):
         self, pending: PendingRollout, timer: StepTimer | None
     ) -> tuple[list[HalfReport], Batches]: ...
 
-    def start_train(self, step: int, batches: Batches, *, carried: dict | None) -> PendingTrain: ...
+    def start_train(
+        self, step: int, batches: Batches, *, carried: dict[str, Any] | None
+    ) -> PendingTrain: ...
 
     def collect_train(self, pending: PendingTrain, timer: StepTimer) -> list[TrainResult]: ...
 
-    def exchange(self, record: dict) -> list[dict]: ...
+    def exchange(self, record: dict[str, Any]) -> list[dict[str, Any]]: ...
 
     def evaluate(self, published: Published, *, limit: int | None) -> float: ...
 

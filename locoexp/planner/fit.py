@@ -9,6 +9,7 @@ does not fit, in one sentence that names settings which do fit. It never allocat
 """
 
 import dataclasses
+from collections.abc import Mapping
 
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import HardwareConfig
@@ -159,7 +160,7 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
     local processes together, so both roles' settings)."""
     t, m, r = setup.trainer, setup.model, setup.rollout
     trainer, engine = role in ("trainer", "machine"), role in ("engine", "machine")
-    out = []
+    out: list[tuple[str, dict[str, dict[str, object]]]] = []
     if trainer and not t.accumulate:  # locoexp's own layout: accumulate over micro-batches
         out.append(("trainer.accumulate=true", {"trainer": {"accumulate": True}}))
     if trainer and t.micro_batch_rows:
@@ -213,7 +214,7 @@ def _resolved(label: str, setup: Setup) -> str:
     return label
 
 
-def _replace(setup: Setup, change: dict) -> Setup:
+def _replace(setup: Setup, change: Mapping[str, Mapping[str, object]]) -> Setup:
     parts = {k: dataclasses.replace(getattr(setup, k), **v) for k, v in change.items()}
     return dataclasses.replace(setup, **parts)
 

@@ -279,8 +279,8 @@ def shared_memory(hardware: HardwareConfig) -> bool:
 
 def capacity_bytes(hardware: HardwareConfig) -> int:
     """Bytes a plan may use: per device, or all local processes together on a CPU machine."""
-    shared = machine_memory_gib() * SHARED_MEMORY_USABLE
-    gib = shared if shared_memory(hardware) else hardware.memory_per_device_gib
+    per_device = hardware.memory_per_device_gib  # None: shared (`shared_memory`)
+    gib = machine_memory_gib() * SHARED_MEMORY_USABLE if per_device is None else per_device
     return int(gib * GIB)
 
 

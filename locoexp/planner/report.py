@@ -148,7 +148,7 @@ def _hardware_line(setup: Setup, hosts_note: str) -> str:
         memory = f"{hw.memory_per_device_gib:.1f} GiB per device"
     note = f" ({hosts_note})" if hosts_note else ""
     return (
-        f"hardware {hw.chip.value}: {_n(hw.hosts, 'host')}{note} x "
+        f"hardware {hw.chip.value}: {_n(setup.layout.hosts, 'host')}{note} x "
         f"{_n(hw.devices_per_host, 'device')}, {memory}"
     )
 

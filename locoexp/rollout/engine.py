@@ -52,7 +52,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.model.transformer import Transformer
-from locoexp.rollout import decode as programs
 from locoexp.rollout import scheduling, sharding
 from locoexp.rollout.config import RolloutConfig, SamplingParams
 
@@ -254,9 +253,7 @@ class JaxEngine:
         prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
         tokens, lens = self._left_pad(prompts, prompt_len)
         caps = np.full(n, max_new_tokens, np.int32) if request_caps is None else request_caps
-        requests = programs.Requests(
-            prompts=tokens, prompt_lens=lens, caps=np.asarray(caps, np.int32), first=np.int32(0)
-        )
+        requests = scheduling.host_requests(tokens, lens, np.asarray(caps, np.int32), first=0)
         call = scheduling.Call(
             prompt_len=prompt_len,
             max_new=max_new_tokens,
@@ -294,10 +291,10 @@ class JaxEngine:
         prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
         tokens, lens = self._left_pad(prompts, prompt_len)
         caps = np.full(len(prompts), max_new_tokens, np.int32)
-        requests = programs.Requests(tokens, lens, caps, np.int32(0))
+        requests = scheduling.host_requests(tokens, lens, caps, first=0)
         chunk = min(self.config.prefill_chunk_tokens, prompt_len)
-        static = (scheduling.Call(prompt_len, max_new_tokens, chunk, sampling), len(prompts))
-        static += (len(prompts),)
+        call = scheduling.Call(prompt_len, max_new_tokens, chunk, sampling)
+        static = (call, len(prompts), len(prompts))
         start = self._slots.jit("start", static)
         return start, self._slots.jit("run", (*static, 0, False)), requests
 

@@ -43,10 +43,10 @@ class Engine(Protocol):
         request n), rows in request order."""
         ...
 
-    def load_weights(self, params) -> None:
+    def load_weights(self, params: Any) -> None:
         """Publish an nnx.State of the model's Params in one call (O4)."""
         ...
 
-    def load_weights_per_layer(self, params) -> None:
+    def load_weights_per_layer(self, params: Any) -> None:
         """Publish layer by layer (the `opt=base` path)."""
         ...

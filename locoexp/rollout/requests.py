@@ -28,7 +28,7 @@ class Request:
 class RequestQueue:
     """FIFO of admitted requests; `drain` hands every queued request to the engine in order."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pending: collections.deque[Request] = collections.deque()
 
     def put(self, request: Request) -> None:

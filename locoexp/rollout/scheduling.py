@@ -23,6 +23,7 @@ It owns the host loop only: no model code, no weights.
 import dataclasses
 import functools
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -88,7 +89,7 @@ class SlotPrograms:
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
         self.vocab_shards = vocab_shards
         self.replicated = NamedSharding(mesh, PS())
-        self._compiled = {}
+        self._compiled: dict[tuple[str, tuple[Any, ...]], jax.stages.Compiled] = {}
 
     @property
     def replicas(self) -> int:
@@ -133,8 +134,7 @@ class SlotPrograms:
             NamedSharding(self.mesh, PS(sharding.DATA)),
             sharding.cache_sharding(self.mesh),
         )
-        return programs.Slots(
-            cache=tuple((cache, cache) for _ in range(self.layers)),
+        leaves = dict(
             request=rows,
             length=rows,
             prompt_len=rows,
@@ -148,6 +148,9 @@ class SlotPrograms:
             counts=self.replicated,
             key=self.replicated,
         )
+        caches = tuple((cache, cache) for _ in range(self.layers))
+        # the carry's structure holding shardings, which its annotations (arrays) do not say
+        return programs.Slots(cache=caches, **leaves)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
@@ -201,11 +204,8 @@ def _waves(slots: SlotPrograms, params, requests, *, key, call: Call, width: int
     for first in range(0, n, width):
         rows = np.arange(first, first + width)
         rows = np.where(rows < n, rows, first)
-        wave = programs.Requests(
-            prompts=requests.prompts[rows],
-            prompt_lens=requests.prompt_lens[rows],
-            caps=requests.caps[rows],
-            first=np.int32(first),
+        wave = host_requests(
+            requests.prompts[rows], requests.prompt_lens[rows], requests.caps[rows], first=first
         )
         state, placed, static = _start(slots, params, wave, key, call, width, clock)
         state = _run(slots, params, state, placed, static, 0, False, clock)
@@ -252,3 +252,11 @@ def _generated(tokens, logprobs, lengths, counts, *, waves: int, clock: _Clock) 
         prefill_s=clock.prefill_s,
         decode_s=clock.decode_s,
     )
+
+
+def host_requests(
+    prompts: np.ndarray, prompt_lens: np.ndarray, caps: np.ndarray, *, first: int
+) -> programs.Requests:
+    """`Requests` of host arrays ([R, P], [R], [R] int32), placed by the jitted call that takes
+    them (its annotations say device arrays)."""
+    return programs.Requests(prompts, prompt_lens, caps, np.int32(first))  # type: ignore[arg-type]

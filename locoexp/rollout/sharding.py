@@ -84,8 +84,8 @@ def engine_mesh(devices, tensor_parallel: int, expert_parallel: int = 1) -> Mesh
     if expert_parallel == 1:
         grid = np.array(devices).reshape(-1, tensor_parallel)
         return Mesh(grid, (DATA, TENSOR), axis_types=(AxisType.Auto,) * 2)
-    grid = np.array(devices).reshape(-1, expert_parallel, tensor_parallel)
-    return Mesh(grid, (DATA, EXPERT, TENSOR), axis_types=(AxisType.Auto,) * 3)
+    expert_grid = np.array(devices).reshape(-1, expert_parallel, tensor_parallel)
+    return Mesh(expert_grid, (DATA, EXPERT, TENSOR), axis_types=(AxisType.Auto,) * 3)
 
 
 def vocab_shards(model: ModelConfig, tensor_parallel: int) -> int:

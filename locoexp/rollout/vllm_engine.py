@@ -143,7 +143,7 @@ class VllmEngine:
         """Publish layer by layer, one call per block and one for the rest (the `opt=base` path)."""
         groups: dict[int, list[str]] = {}
         for name, (path, _) in self._names.items():
-            groups.setdefault(path[1] if path[0] == "layers" else -1, []).append(name)
+            groups.setdefault(int(path[1]) if path[0] == "layers" else -1, []).append(name)
         for names in groups.values():
             self._publish(self._host_weights(params, names))
 

@@ -8,12 +8,18 @@ It must not start anything of its own.
 """
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 
 class WeightUpdateExtension:
     """Mixed into vLLM's worker: `self.model_runner.model` is the engine's torch model."""
+
+    if TYPE_CHECKING:  # what the vLLM worker this is mixed into provides
+        model_runner: Any
+
+        def reload_weights(self, **kwargs: Any) -> None: ...
 
     def load_locoexp_weights(self, weights: list[tuple[str, np.ndarray]]) -> int:
         """Copy Hugging Face-named host arrays into the model in place; returns tensors sent.

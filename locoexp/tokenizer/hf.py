@@ -45,14 +45,18 @@ class HFTokenizer:
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+        text = self._tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+        assert isinstance(text, str), "one id sequence decodes to one string"
+        return text
 
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, thinking: bool
     ) -> str:
-        return self._tok.apply_chat_template(
+        text = self._tok.apply_chat_template(
             [dict(m) for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             enable_thinking=thinking,
         )
+        assert isinstance(text, str), "one conversation, untokenized, renders to one string"
+        return text

@@ -8,9 +8,19 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
-    vocab_size: int  # ids are in [0, vocab_size)
-    eos_id: int  # generation stops here (the engine's stop token)
-    pad_id: int
+    # Read-only members (properties): a frozen tokenizer, or one that derives its vocabulary size.
+    @property
+    def vocab_size(self) -> int:
+        """Ids are in [0, vocab_size)."""
+        ...
+
+    @property
+    def eos_id(self) -> int:
+        """Generation stops here (the engine's stop token)."""
+        ...
+
+    @property
+    def pad_id(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
 

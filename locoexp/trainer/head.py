@@ -151,7 +151,7 @@ def _capped_chunk_step(spec: HeadLossSpec, weight, denominator, dweight, h, c: d
     return dweight, loss, sums, (dlogits @ weight32).astype(h.dtype), jnp.zeros((), bool)
 
 
-def slot_fields(spec: HeadLossSpec, batch: TrainBatch) -> dict[str, jax.Array]:
+def slot_fields(spec: HeadLossSpec, batch: TrainBatch[jax.Array]) -> dict[str, jax.Array]:
     """The per-slot inputs [K] of the loss: mask (float32), targets, advantages, the sampler's
     log-probs, and the reference's with a KL term."""
     fields = {
@@ -161,12 +161,14 @@ def slot_fields(spec: HeadLossSpec, batch: TrainBatch) -> dict[str, jax.Array]:
         "behaviour": batch.behaviour_logprobs,
     }
     if spec.kl_coef > 0:
+        if batch.ref_logprobs is None:
+            raise ValueError("a loss with a KL term needs the batch's ref_logprobs (the step's)")
         fields["ref"] = batch.ref_logprobs
     return fields
 
 
 def head_loss_and_grads(
-    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch
+    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch[jax.Array]
 ):
     """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
     k = hidden.shape[0]
@@ -237,8 +239,13 @@ def head_grads_at_slots(
 
         sums = jax.eval_shape(chunk_step, dweight, 0)[1][2]  # the loss terms' names
         zero = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
-        init = (dweight, jnp.zeros((), jnp.float32), jax.tree.map(zero, sums))
-        init += (jnp.zeros_like(hidden), jnp.zeros((), bool))
+        init = (
+            dweight,
+            jnp.zeros((), jnp.float32),
+            jax.tree.map(zero, sums),
+            jnp.zeros_like(hidden),
+            jnp.zeros((), bool),
+        )
         *outputs, over = jax.lax.fori_loop(0, chunks, body, init)
         return tuple(outputs), over
 
@@ -247,7 +254,9 @@ def head_grads_at_slots(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def head_loss(spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch):
+def head_loss(
+    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch[jax.Array]
+):
     """(loss, metrics) of the policy given final hidden states at the K loss positions and the
     output-head weight [V, D] (the tied embedding or the transposed lm_head kernel)."""
     loss, metrics, _, _ = head_loss_and_grads(spec, hidden, weight, batch)

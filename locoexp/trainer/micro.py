@@ -66,10 +66,12 @@ class MicroLayout:
 
 
 # (params, one micro-batch's rows) -> (hidden [M, L, D], the router's load-balancing loss [])
-HiddenFn = Callable[[object, PackedRows], tuple[Array, Array]]
+HiddenFn = Callable[[object, PackedRows[Array]], tuple[Array, Array]]
 
 
-def hidden_in_micro_batches(hidden_fn: HiddenFn, params, rows: PackedRows, layout: MicroLayout):
+def hidden_in_micro_batches(
+    hidden_fn: HiddenFn, params, rows: PackedRows[Array], layout: MicroLayout
+):
     """Final hidden states [R, L, D] of every row, one micro-batch at a time (no residuals)."""
     if layout.count == 1:
         return hidden_fn(params, rows)[0]
@@ -122,7 +124,7 @@ HeadFn = Callable[[Array, object, object], tuple[Array, object, object]]
 def accumulate_grads(
     hidden_fn: HiddenFn,
     params,
-    rows: PackedRows,
+    rows: PackedRows[Array],
     layout: MicroLayout,
     groups,
     head_fn: HeadFn,

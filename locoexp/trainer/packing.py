@@ -19,7 +19,7 @@ Shapes: N sequences, R rows, L row tokens, K loss slots.
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -39,48 +39,55 @@ class PackedBatch:
 
     @property
     def rows(self) -> int:
-        return self.tokens.shape[0]
+        return int(self.tokens.shape[0])
 
 
-class PackedRows(NamedTuple):
+# What a batch pytree holds in each field: host or device arrays, or, mapped over the same
+# structure, their shardings or abstract shapes (`Trainer.batch_shardings`, `abstract_batch`).
+Leaf = TypeVar("Leaf")
+
+
+class PackedRows(NamedTuple, Generic[Leaf]):
     """The decoder's input: packed rows, each array [R, L] int32 (a pytree; micro-batches split
     every leaf along rows)."""
 
-    tokens: jax.Array | np.ndarray
-    positions: jax.Array | np.ndarray
-    segment_ids: jax.Array | np.ndarray  # 0 = padding
+    tokens: Leaf
+    positions: Leaf
+    segment_ids: Leaf  # 0 = padding
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainBatch:
+class TrainBatch(Generic[Leaf]):
     """The train step's batch as one pytree: the fields of `PackedBatch` over every process
     (global arrays inside the step, host arrays before placement), no static metadata."""
 
-    tokens: jax.Array | np.ndarray  # [R, L] int32
-    positions: jax.Array | np.ndarray  # [R, L] int32
-    segment_ids: jax.Array | np.ndarray  # [R, L] int32, 0 = padding
-    loss_index: jax.Array | np.ndarray  # [K] int32, flat index into the global [R, L] rows
-    loss_targets: jax.Array | np.ndarray  # [K] int32
-    loss_mask: jax.Array | np.ndarray  # [K] float32
-    advantages: jax.Array | np.ndarray  # [K] float32
-    behaviour_logprobs: jax.Array | np.ndarray  # [K] float32
+    tokens: Leaf  # [R, L] int32
+    positions: Leaf  # [R, L] int32
+    segment_ids: Leaf  # [R, L] int32, 0 = padding
+    loss_index: Leaf  # [K] int32, flat index into the global [R, L] rows
+    loss_targets: Leaf  # [K] int32
+    loss_mask: Leaf  # [K] float32
+    advantages: Leaf  # [K] float32
+    behaviour_logprobs: Leaf  # [K] float32
     # [] float32: sequences x max_new_tokens over all processes, the `constant` aggregation's
     # divisor (Dr. GRPO); traced, so a batch with another sequence count reuses the program
-    normalizer: jax.Array | np.ndarray
+    normalizer: Leaf
     # [K] float32: the KL reference's log-probs, filled inside the step when the loss has a KL
     # term; None (an empty subtree) otherwise
-    ref_logprobs: jax.Array | np.ndarray | None = None
+    ref_logprobs: Leaf | None = None
 
     @property
-    def rows(self) -> PackedRows:
+    def rows(self) -> PackedRows[Leaf]:
         return PackedRows(self.tokens, self.positions, self.segment_ids)
 
 
 ROW_FIELDS = PackedRows._fields  # TrainBatch's fields of shape [R, L]; the others are [K] or []
 
 
-def train_view(batch: PackedBatch, *, normalizer: float, index_offset: int = 0) -> TrainBatch:
+def train_view(
+    batch: PackedBatch, *, normalizer: float, index_offset: int = 0
+) -> TrainBatch[np.ndarray]:
     """This process's part of the step's `TrainBatch` (host arrays): `index_offset` is where its
     rows start in the global flat [R, L] layout (process p of equal shares: p * R * L)."""
     return TrainBatch(
@@ -92,7 +99,7 @@ def train_view(batch: PackedBatch, *, normalizer: float, index_offset: int = 0) 
         loss_mask=batch.loss_mask,
         advantages=batch.advantages,
         behaviour_logprobs=batch.behaviour_logprobs,
-        normalizer=np.float32(normalizer),
+        normalizer=np.asarray(normalizer, np.float32),  # [] as a 0-d array, like every host leaf
     )
 
 
@@ -120,10 +127,10 @@ def count_rows(sequence_lengths: np.ndarray, row_tokens: int) -> list[list[int]]
 def _empty_batch(rows: int, row_tokens: int, slots: int, *, num_sequences: int) -> PackedBatch:
     """Zeroed arrays: segment 0 and loss mask 0 mark padding rows, tokens and slots."""
 
-    def grid():
+    def grid() -> np.ndarray:
         return np.zeros((rows, row_tokens), np.int32)
 
-    def flat(dtype):
+    def flat(dtype: type[np.generic]) -> np.ndarray:
         return np.zeros(slots, dtype)
 
     return PackedBatch(

@@ -19,6 +19,7 @@ Shapes: R rows, L row tokens, K loss slots, D width, V vocabulary.
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +101,7 @@ BLOCKWISE = AttentionSpec(kind=AttentionKind.blockwise)
 
 def row_hidden(
     model: Transformer,
-    rows: PackedRows,
+    rows: PackedRows[jax.Array],
     *,
     attention: AttentionSpec = BLOCKWISE,
     remat: RematPolicy = RematPolicy.none,
@@ -114,7 +115,7 @@ def at_loss_positions(hidden: jax.Array, loss_index: jax.Array) -> jax.Array:
     return hidden.reshape(-1, hidden.shape[-1])[loss_index]
 
 
-def loss_position_hidden(model: Transformer, batch: TrainBatch, **forward) -> jax.Array:
+def loss_position_hidden(model: Transformer, batch: TrainBatch[jax.Array], **forward) -> jax.Array:
     """Final hidden states [K, D] at the positions that predict the loss targets."""
     return at_loss_positions(row_hidden(model, batch.rows, **forward), batch.loss_index)
 
@@ -127,7 +128,7 @@ def head_weight(model: Transformer) -> jax.Array:
 
 
 def token_logprobs(
-    model: Transformer, batch: TrainBatch, *, temperature: float, chunk: int
+    model: Transformer, batch: TrainBatch[jax.Array], *, temperature: float, chunk: int
 ) -> jax.Array:
     """Log-probs [K] of the loss targets under softmax(logits / T), the head run in chunks
     (a forward pass: the train step runs the fused head per device, `Trainer._head_on_own_rows`)."""
@@ -159,7 +160,7 @@ def head_logprobs(
     return jax.lax.map(chunk_logprobs, chunks).reshape(padded)[:k]
 
 
-def batch_shardings(mesh: Mesh) -> TrainBatch:
+def batch_shardings(mesh: Mesh) -> TrainBatch[NamedSharding]:
     """Where each leaf of the step's `TrainBatch` lives: rows [R, L] and loss slots [K] split
     over `fsdp` along their first axis, the normalizer on every device."""
 
@@ -219,36 +220,9 @@ class Trainer:
         owners = [d.process_index for d in mesh.devices.flat]
         if owners != sorted(owners):
             raise ValueError("the trainer mesh must list each process's devices contiguously")
-        # the plain policy's structure: what publication and export hand on
-        self.graphdef, params = nnx.split(model, nnx.Param)
-        self._plain_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
         self.adapter = adapter or AdapterConfig()
-        trainable, frozen = self._split_trainable(model, params)
-        self.param_shardings = shard_like_fsdp(mesh, trainable)
-        place = _abstractly if abstract else jax.device_put
-        self.trainable = place(trainable, self.param_shardings)
-        self.frozen = place(frozen, shard_like_fsdp(mesh, frozen))
-        # a copy: the step donates self.trainable, which must not free the reference (under
-        # LoRA the reference is the initial adapters on the frozen base: the base model)
-        copy = (lambda tree: tree) if abstract else (lambda tree: jax.tree.map(jnp.copy, tree))
-        self.reference = copy(self.trainable) if algo.kl_coef > 0 else None
-        self.optimizer = build_optimizer(algo)
-        # Optimizer moments shard like their parameters; counters are replicated. Fixing the
-        # output shardings keeps every step's inputs identical to the first's (one compile).
-        replicated = NamedSharding(mesh, PS())
-        self.opt_shardings = optax.tree_map_params(
-            self.optimizer,
-            lambda _, sharding: sharding,
-            jax.eval_shape(self.optimizer.init, trainable),
-            self.param_shardings,
-            transform_non_params=lambda _: replicated,
-        )
-        init = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)
-        self.opt_state = (
-            _abstractly(jax.eval_shape(init, trainable), self.opt_shardings)
-            if abstract
-            else init(self.trainable)
-        )
+        params, trainable = self._place_state(model)
+        self._init_optimizer(trainable)
         self.loss_spec = HeadLossSpec(
             clip_eps_low=algo.clip_eps_low,
             clip_eps_high=algo.clip_eps_high,
@@ -269,10 +243,47 @@ class Trainer:
         self._step = jax.jit(
             self._train_step,
             donate_argnums=(0, 1),
-            out_shardings=(self.param_shardings, self.opt_shardings, replicated),
+            out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(mesh, PS())),
         )
         self._logprobs = jax.jit(self._logprobs_fn)
         self._merge = jax.jit(self._merged_policy, out_shardings=shard_like_fsdp(mesh, params))
+
+    def _place_state(self, model: Transformer) -> tuple[nnx.State, nnx.State]:
+        """The trained and frozen states on the mesh (ShapeDtypeStructs when abstract), and the
+        KL reference; returns the plain policy's parameters and the trained state, unplaced."""
+        # the plain policy's structure: what publication and export hand on
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self._plain_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        trainable, frozen = self._split_trainable(model, params)
+        self.param_shardings = shard_like_fsdp(self.mesh, trainable)
+        place = _abstractly if self.abstract else jax.device_put
+        self.trainable = place(trainable, self.param_shardings)
+        self.frozen = place(frozen, shard_like_fsdp(self.mesh, frozen))
+        # a copy: the step donates self.trainable, which must not free the reference (under
+        # LoRA the reference is the initial adapters on the frozen base: the base model)
+        copy = (lambda tree: tree) if self.abstract else (lambda tree: jax.tree.map(jnp.copy, tree))
+        self.reference = copy(self.trainable) if self.algo.kl_coef > 0 else None
+        return params, trainable
+
+    def _init_optimizer(self, trainable: nnx.State) -> None:
+        """AdamW's state for `trainable`, placed (abstractly when abstract)."""
+        self.optimizer = build_optimizer(self.algo)
+        # Optimizer moments shard like their parameters; counters are replicated. Fixing the
+        # output shardings keeps every step's inputs identical to the first's (one compile).
+        replicated = NamedSharding(self.mesh, PS())
+        self.opt_shardings = optax.tree_map_params(
+            self.optimizer,
+            lambda _, sharding: sharding,
+            jax.eval_shape(self.optimizer.init, trainable),
+            self.param_shardings,
+            transform_non_params=lambda _: replicated,
+        )
+        init = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)
+        self.opt_state = (
+            _abstractly(jax.eval_shape(init, trainable), self.opt_shardings)
+            if self.abstract
+            else init(self.trainable)
+        )
 
     def _split_trainable(self, model: Transformer, params):
         """(trainable, frozen) states; sets `train_graphdef`, what the step merges them with.
@@ -282,7 +293,8 @@ class Trainer:
             return params, nnx.State({})
         adapted = adapt_model(model, self.adapter)
         train = trained_filter(self.adapter, model.config)
-        self.train_graphdef, trainable, frozen = nnx.split(adapted, train, nnx.Param)
+        self.train_graphdef, *states = nnx.split(adapted, train, nnx.Param)
+        trainable, frozen = states
         return trainable, frozen
 
     def _model(self, trainable, frozen) -> Transformer:
@@ -322,7 +334,7 @@ class Trainer:
         """This process's trainer devices: its packed rows are split over them."""
         return sum(d.process_index == jax.process_index() for d in self.mesh.devices.flat)
 
-    def device_batch(self, batch: PackedBatch) -> TrainBatch:
+    def device_batch(self, batch: PackedBatch) -> TrainBatch[jax.Array]:
         """Assemble the global `TrainBatch` from every process's packed rows (rows and loss slots
         split over fsdp, `batch_shardings`). Every process must pass the same number of rows and
         slots; process p's rows are global rows [p * R, (p + 1) * R), so its flat loss indices
@@ -342,10 +354,12 @@ class Trainer:
 
         return jax.tree.map(place, local, self.batch_shardings)
 
-    def _layout(self, batch: TrainBatch) -> MicroLayout:
+    def _layout(self, batch: TrainBatch[jax.Array]) -> MicroLayout:
         return MicroLayout.of(batch.tokens.shape[0], self.devices, self.config.micro_batch_rows)
 
-    def _hidden_fn(self, params, rows: PackedRows, *, frozen) -> tuple[jax.Array, jax.Array]:
+    def _hidden_fn(
+        self, params, rows: PackedRows[jax.Array], *, frozen
+    ) -> tuple[jax.Array, jax.Array]:
         """The decoder over packed rows [M, L] -> [M, L, D] with the configured kernel/remat,
         and the router's load-balancing loss over their real tokens (0 for a dense model)."""
         model = self._model(params, frozen)
@@ -354,13 +368,13 @@ class Trainer:
         )
         return hidden, router_loss(stats)
 
-    def _loss_hidden(self, params, frozen, batch: TrainBatch) -> jax.Array:
+    def _loss_hidden(self, params, frozen, batch: TrainBatch[jax.Array]) -> jax.Array:
         """Hidden states [K, D] at the loss positions, micro-batch by micro-batch (forward only)."""
         hidden_fn = functools.partial(self._hidden_fn, frozen=frozen)
         hidden = hidden_in_micro_batches(hidden_fn, params, batch.rows, self._layout(batch))
         return at_loss_positions(hidden, batch.loss_index)
 
-    def _logprobs_fn(self, params, frozen, batch: TrainBatch):
+    def _logprobs_fn(self, params, frozen, batch: TrainBatch[jax.Array]):
         return head_logprobs(
             self._model(params, frozen),
             self._loss_hidden(params, frozen, batch),
@@ -369,7 +383,7 @@ class Trainer:
             chunk=self.config.logit_chunk_tokens,
         )
 
-    def _accumulated_grads(self, params, frozen, batch: TrainBatch, layout: MicroLayout):
+    def _accumulated_grads(self, params, frozen, batch: TrainBatch[jax.Array], layout: MicroLayout):
         """The same loss, metrics and gradients, one micro-batch's activations at a time
         (`trainer/micro.py`): each micro-batch's decoder runs forward under its vjp, the fused
         head runs over that micro-batch's own loss slots, and the vjp pulls their gradient
@@ -452,14 +466,14 @@ class Trainer:
             return loss, metrics
         return loss + self.router_aux_loss_coef * aux, {**metrics, "train/router_loss": aux}
 
-    def _loss_and_grads(self, params, frozen, batch: TrainBatch, reference):
+    def _loss_and_grads(self, params, frozen, batch: TrainBatch[jax.Array], reference):
         if reference is not None:  # the KL reference: a forward pass, no gradient
             ref_logprobs = jax.lax.stop_gradient(self._logprobs_fn(reference, frozen, batch))
             batch = dataclasses.replace(batch, ref_logprobs=ref_logprobs)
         # one micro-batch (the paper's layout) runs the same per-device head as many
         return self._accumulated_grads(params, frozen, batch, self._layout(batch))
 
-    def _train_step(self, params, opt_state, frozen, batch: TrainBatch, reference):
+    def _train_step(self, params, opt_state, frozen, batch: TrainBatch[jax.Array], reference):
         (loss, metrics), grads = self._loss_and_grads(params, frozen, batch, reference)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -508,10 +522,12 @@ class Trainer:
     def _loss_and_grads_program(self):
         return jax.jit(self._loss_and_grads)  # one program per trainer, not one per call
 
-    def abstract_batch(self, rows: int, row_tokens: int, slots: int) -> TrainBatch:
+    def abstract_batch(
+        self, rows: int, row_tokens: int, slots: int
+    ) -> TrainBatch[jax.ShapeDtypeStruct]:
         """The step's batch of `rows` x `row_tokens` packed rows and `slots` loss slots (all
         devices together) as placed ShapeDtypeStructs: what a compile reads of a batch."""
-        shapes = TrainBatch(
+        shapes: TrainBatch[tuple[tuple[int, ...], Any]] = TrainBatch(
             **{name: ((rows, row_tokens), jnp.int32) for name in ROW_FIELDS},
             loss_index=((slots,), jnp.int32),
             loss_targets=((slots,), jnp.int32),
@@ -527,7 +543,7 @@ class Trainer:
             is_leaf=lambda x: isinstance(x, tuple),
         )
 
-    def lower_step(self, batch: PackedBatch | TrainBatch) -> jax.stages.Lowered:
+    def lower_step(self, batch: PackedBatch | TrainBatch[Any]) -> jax.stages.Lowered:
         """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`): a
         host batch, or an `abstract_batch`."""
         placed = batch if isinstance(batch, TrainBatch) else self.device_batch(batch)
