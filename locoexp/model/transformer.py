@@ -19,6 +19,7 @@ from flax import nnx
 from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask, constrain_rows
 from locoexp.model.config import ModelConfig, RematPolicy
 from locoexp.model.moe import MoE, RouterStats, load_balancing_loss, no_router_stats
+from locoexp.model.paged import PagedLayer, attend_paged
 from locoexp.model.remat import call_block_outputs, checkpoint_policy
 
 __all__ = [
@@ -188,7 +189,10 @@ def attend_cached(
     `window` > 0 a token attends only the slots fewer than `window` behind it (Gemma4's local
     layers; a row's slots are consecutive positions, so slot distance is token distance). A [B]
     `cache_index` gives each row its own slot (continuous batching: rows admitted at different
-    iterations), written by a per-row update."""
+    iterations), written by a per-row update. A `PagedLayer` in place of the pair is the paged
+    cache's decode (`paged.attend_paged`; `valid` and `cache_index` unused)."""
+    if isinstance(cache, PagedLayer):
+        return attend_paged(q, k, v, cache, window)
     b, t, heads, h = q.shape
     e = cache[0].shape[1]
     if e != k.shape[2]:
