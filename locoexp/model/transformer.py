@@ -358,16 +358,17 @@ class Transformer(nnx.Module):
         self,
         tokens: Array,
         positions: Array,
-        mask: Array,
-        cache: KVCache | None = None,
+        mask: Array | None,
+        cache: KVCache | tuple[PagedLayer, ...] | None = None,
         cache_index: Array | None = None,
-    ) -> tuple[Array, KVCache | None]:
+    ) -> tuple[Array, KVCache | tuple[PagedLayer, ...] | None]:
         """tokens, positions [B,T] -> final hidden states [B,T,D] and the cache.
 
         Without a cache, mask [B,T,T] (True = may attend). With a cache, mask [B,S] marks the
         slots that hold real tokens (False for left padding): keys/values of the T new tokens
         are written at slots [cache_index, cache_index + T) and each new token attends the
-        valid slots up to its own.
+        valid slots up to its own. A paged cache (one `PagedLayer` per layer, decode only) takes
+        no mask and no index: each layer says where its token goes (`paged.attend_paged`).
         """
         inv_freq = rope_frequencies(self.config)
         x = self.embed_tokens(tokens)

@@ -34,13 +34,14 @@ max_new_tokens, S = P + M cache slots, E cache heads, D width, V vocabulary.
 """
 
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from locoexp.model.transformer import KVCache, init_cache
+from locoexp.model.paged import PagedLayer
+from locoexp.model.transformer import KVCache, Transformer, init_cache
 from locoexp.rollout import paged_slots
 from locoexp.rollout.paged_slots import PagedCache, PageLayout
 from locoexp.rollout.sampling import sample_tokens
@@ -208,8 +209,8 @@ def _release_ended(s: Slots, total: int, replicas: int) -> Slots:
 
 
 def _paged_start(
-    model, prefilled: KVCache, lens: Array, paged: PageLayout, *, row_tokens: int, heads: int,
-    replicas: int,
+    model: Transformer, prefilled: KVCache, lens: Array, paged: PageLayout, *, row_tokens: int,
+    heads: int, replicas: int,
 ) -> tuple[PagedCache, Array]:  # fmt: skip
     """`start`'s paged cache: the W prefilled rows (`lens` [W] prompt tokens, 0 for an empty
     slot) written into pages in slot order, the slots that found none parked. Returns the
@@ -347,13 +348,14 @@ def _decode_iteration(
 
 
 def _paged_body(
-    model, s: Slots, live: Array, position: Array, *, replicas: int, page_tokens: int
+    model: Transformer, s: Slots, live: Array, position: Array, *, replicas: int, page_tokens: int
 ) -> tuple[Slots, Array, Array]:
     """The model's body over a paged cache: every running slot takes the page its token needs
     (or waits, or is preempted: `paged_slots.make_room`), then the slots that go write their
     token and attend over their pages. A pending slot writes nothing (its first token is
     written next iteration at position P). Returns the slots (a preempted one parked, its
     request starting over), the hidden states [W, D] and the slots that decoded [W]."""
+    assert isinstance(s.cache, PagedCache)
     cache, go, victim = paged_slots.make_room(
         s.cache, running=live & ~s.cache.parked, tokens=position + 1, replicas=replicas,
         page_tokens=page_tokens,
@@ -362,8 +364,8 @@ def _paged_body(
         cache, position=position, write=go & ~s.pending, replicas=replicas,
         page_tokens=page_tokens,
     )  # fmt: skip
-    hidden, views = model(s.last[:, None], position[:, None], None, views, None)
-    cache = cache._replace(pools=tuple(view.pool for view in views))
+    hidden, written = model(s.last[:, None], position[:, None], None, views, None)
+    cache = cache._replace(pools=tuple(view.pool for view in cast(tuple[PagedLayer, ...], written)))
     s = s._replace(cache=cache, length=jnp.where(victim, 0, s.length))
     return s, hidden[:, 0], go
 

@@ -33,7 +33,7 @@ caps, P padded prompt length, E cache heads, h head_dim.
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +110,7 @@ def _merge(x: Array) -> Array:
     return x.reshape(-1, *x.shape[2:])
 
 
-def _on_replicas(fn: Callable, p: pg.Pages, *rows: Array, replicas: int):
+def _on_replicas(fn: Callable, p: pg.Pages, *rows: Array, replicas: int) -> Any:
     """`fn(pages, *rows)` on each replica's pool and slots; Pages and [W]-row results come back
     with their slot axes flat again."""
     nested = p._replace(
@@ -120,7 +120,7 @@ def _on_replicas(fn: Callable, p: pg.Pages, *rows: Array, replicas: int):
     )
     out = jax.vmap(fn)(nested, *(_split(x, replicas) for x in rows))
 
-    def flat(x):
+    def flat(x: pg.Pages | Array) -> pg.Pages | Array:
         if isinstance(x, pg.Pages):
             return x._replace(table=_merge(x.table), held=_merge(x.held), granted=_merge(x.granted))
         return _merge(x)
@@ -128,6 +128,19 @@ def _on_replicas(fn: Callable, p: pg.Pages, *rows: Array, replicas: int):
     if isinstance(out, pg.Pages):
         return flat(out)
     return tuple(flat(x) for x in out)
+
+
+def _grow(p: pg.Pages, tokens: Array, *, replicas: int, page_tokens: int) -> pg.Pages:
+    grow = functools.partial(pg.grow, page_tokens=page_tokens)
+    return _on_replicas(grow, p, tokens, replicas=replicas)
+
+
+def _preempt(p: pg.Pages, live: Array, *, replicas: int) -> tuple[pg.Pages, Array]:
+    return _on_replicas(pg.preempt, p, live, replicas=replicas)
+
+
+def _release(p: pg.Pages, ended: Array, *, replicas: int) -> pg.Pages:
+    return _on_replicas(pg.release, p, ended, replicas=replicas)
 
 
 def write_prompts(
@@ -148,10 +161,7 @@ def write_prompts(
     want = jax.vmap(lambda i, n: jnp.zeros(per_replica, jnp.int32).at[i].set(n, mode="drop"))(
         local, lens
     )
-    pages = _on_replicas(
-        functools.partial(pg.grow, page_tokens=page_tokens), c.pages, _merge(want),
-        replicas=replicas,
-    )  # fmt: skip
+    pages = _grow(c.pages, _merge(want), replicas=replicas, page_tokens=page_tokens)
     table = _split(pages.table, replicas)
     pools = tuple(
         _write_layer(pool, table, k, v, local, lens, page_tokens)
@@ -173,7 +183,8 @@ def _write_layer(
     kv = jnp.stack([k, v], axis=2).transpose(0, 3, 1, 2, 4).reshape(rows, prompt_len, 2 * e, h)
     kv = _split(kv, replicas)
 
-    def one(pool, table, kv, local, lens):  # one replica: pool [N, ...], kv [n, P, 2E, h]
+    # one replica: pool [N, page, 2E, h], table [W/r, Q], kv [n, P, 2E, h], local/lens [n]
+    def one(pool: Array, table: Array, kv: Array, local: Array, lens: Array) -> Array:
         t = jnp.arange(columns * page_tokens)
         source = jnp.clip(prompt_len - lens[:, None] + t[None, :], 0, prompt_len - 1)
         data = jnp.take_along_axis(kv, source[:, :, None, None], axis=1)
@@ -194,11 +205,10 @@ def make_room(
     [W] (its tokens after this iteration's write), the rest wait; if all wait, the last holder
     is preempted (parked). Returns the cache, the slots that decode this iteration [W] and the
     preempted slot [W]."""
-    pages = _on_replicas(
-        functools.partial(pg.grow, page_tokens=page_tokens), c.pages,
-        jnp.where(running, tokens, 0), replicas=replicas,
-    )  # fmt: skip
-    pages, victim = _on_replicas(pg.preempt, pages, running, replicas=replicas)
+    pages = _grow(
+        c.pages, jnp.where(running, tokens, 0), replicas=replicas, page_tokens=page_tokens
+    )
+    pages, victim = _preempt(pages, running, replicas=replicas)
     go = running & pages.granted & ~victim
     return c._replace(pages=pages, parked=c.parked | victim), go, victim
 
@@ -209,7 +219,7 @@ def layers(
     """Each layer's `PagedLayer` for a decode iteration whose token sits at `position` [W]:
     written where `write` [W], attending over positions 0..position."""
     slot_of = functools.partial(pg.slot_of_token, page_tokens=page_tokens)
-    page, offset = _on_replicas(slot_of, c.pages, position, replicas=replicas)
+    page, offset = _on_replicas(slot_of, c.pages, position, replicas=replicas)  # [W] each
     page = jnp.where(write, page, c.pages.free.shape[1])
     lengths = jnp.maximum(position + 1, 1)
     return tuple(
@@ -220,7 +230,7 @@ def layers(
 
 def release_ended(c: PagedCache, ended: Array, *, replicas: int) -> PagedCache:
     """The pages of the slots whose requests ended (`ended` [W]) back to their pools."""
-    return c._replace(pages=_on_replicas(pg.release, c.pages, ended, replicas=replicas))
+    return c._replace(pages=_release(c.pages, ended, replicas=replicas))
 
 
 def choose_refill(
