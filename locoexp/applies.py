@@ -33,7 +33,7 @@ from locoexp.errors import require
 from locoexp.metrics.config import LoggerKind
 from locoexp.model.config import AttentionKind, Family
 from locoexp.placement.config import PlacementKind
-from locoexp.rollout.config import EngineKind
+from locoexp.rollout.config import EngineKind, KVCacheKind
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +45,7 @@ class RunTraits:
     rope_scaled: bool  # model.rope_scaling_factor != 1
     adapter: AdapterKind
     engine: EngineKind
+    kv_cache: KVCacheKind  # rollout.kv_cache (the JAX engine's)
     dataset: DatasetKind
     local_files: bool  # dataset.data_files: the rows come from local files, not the Hub
     placement: PlacementKind
@@ -152,6 +153,11 @@ JAX_MOE = When(
     "rollout=jax on mixture-of-experts models (model.num_experts > 0)",
     lambda r: r.engine is EngineKind.jax and r.moe,
     _engine_and_model,
+)
+JAX_PAGED = When(
+    "rollout=jax with rollout.kv_cache=paged",
+    lambda r: r.engine is EngineKind.jax and r.kv_cache is KVCacheKind.paged,
+    lambda r: f"rollout={r.engine.value}, rollout.kv_cache={r.kv_cache.value}",
 )
 JAX_COLOCATED = When(
     "rollout=jax under placement=co or single_controller, whose engine shares the trainer's "
@@ -290,6 +296,9 @@ APPLIES: dict[str, Row] = {
     # prompt_bucket_tokens and prefill_chunk_tokens have no row: the plan sizes vLLM's engine
     # by them too (the scale cells at 256 tokens)
     "rollout.expert_parallel": Row(JAX_MOE),
+    "rollout.kv_cache": Row(JAX),  # vLLM always pages its cache
+    "rollout.page_tokens": Row(JAX_PAGED),
+    "rollout.kv_cache_pages_per_replica": Row(JAX_PAGED),
     "rollout.release_weights_during_training": Row(JAX_COLOCATED),
     "rollout.data_parallel": Row(VLLM),
     "rollout.memory_fraction": Row(VLLM),

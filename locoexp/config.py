@@ -23,7 +23,7 @@ from locoexp.hardware.hosts import minimal_hosts, show_splits, trainer_hosts
 from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
 from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
-from locoexp.rollout.config import RolloutConfig
+from locoexp.rollout.config import KVCacheKind, RolloutConfig
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
 
@@ -126,6 +126,7 @@ class Config:
         self._check_placement()
         self._check_placement_values()
         self._check_straggler()
+        self._check_page_pool()
 
     @property
     def hosts(self) -> int:
@@ -152,6 +153,7 @@ class Config:
             rope_scaled=m.rope_scaling_factor != 1.0,
             adapter=self.adapter.kind,
             engine=self.rollout.engine,
+            kv_cache=self.rollout.kv_cache,
             dataset=self.dataset.kind,
             local_files=self.dataset.data_files is not None,
             placement=self.placement.kind,
@@ -163,6 +165,21 @@ class Config:
             advantage=self.algo.advantage,
             logger=self.logger.kind,
             straggler=straggler.active,
+        )
+
+    def _check_page_pool(self) -> None:
+        """A paged engine's pool holds one row at its caps, or that row could never finish (its
+        prompt is stored from position 0, so the caps are what it needs, not the bucket)."""
+        pages, page = self.rollout.kv_cache_pages_per_replica, self.rollout.page_tokens
+        if self.rollout.kv_cache is not KVCacheKind.paged or pages is None:
+            return
+        tokens = self.dataset.max_prompt_tokens + self.dataset.max_new_tokens
+        require(
+            pages * page >= tokens,
+            f"rollout.kv_cache_pages_per_replica={pages} cannot hold one row at its caps "
+            f"(dataset.max_prompt_tokens + dataset.max_new_tokens = {tokens} tokens need "
+            f"{-(-tokens // page)} pages of rollout.page_tokens={page}): set it to at least "
+            f"{-(-tokens // page)}, or null for every slot at its caps.",
         )
 
     def _check_straggler(self) -> None:

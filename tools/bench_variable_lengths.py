@@ -3,6 +3,7 @@
     python tools/bench_variable_lengths.py [--capacity 64] [--max-new 128] [--multiples 1 2 4]
     python tools/bench_variable_lengths.py --uniform --max-new 64 --multiples 1   # W1's forced
     python tools/bench_variable_lengths.py --dtype bfloat16   # Table I3's bf16 sampler
+    python tools/bench_variable_lengths.py --kv-cache dense paged --pages 0 256   # issue 42
     /opt/vllm-venv/bin/python tools/bench_variable_lengths.py --engine vllm   # README's venv
 
 W1's model (`+experiment=bench_w1`: the Qwen3 architecture at model=tiny_qwen, fp32, random
@@ -18,11 +19,15 @@ them), refills, and the floor: the generated tokens at the full-slot per-token c
 forced run with every slot generating `--max-new` tokens (its decode seconds per iteration / C
 per token, plus its prefill seconds per C requests), measured in the same process. vLLM's rows
 come from its own virtualenv (`--engine vllm`; it needs torch, the JAX engine's rows do not).
+`--kv-cache dense paged` runs each scheduler with each KV cache (`rollout.kv_cache`), `--pages`
+the paged pools' sizes (`rollout.kv_cache_pages_per_replica`, 0 = every slot at its caps); the
+process's peak RSS is printed at the end, so compare it between runs of one cache each.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 from collections.abc import Sequence
@@ -132,19 +137,38 @@ def dtype_override(args) -> list[str]:
     return [f"rollout.param_dtype={args.dtype}"] if args.dtype else []
 
 
+def cache_overrides(args) -> dict[str, list[str]]:
+    """Name -> `rollout.kv_cache` overrides of each cache `args` asks for (a paged one per
+    pool size)."""
+    out = {}
+    for kind in args.kv_cache:
+        if kind == "dense":
+            out["dense"] = []
+            continue
+        for pages in args.pages:
+            size = [f"rollout.kv_cache_pages_per_replica={pages}"] if pages else []
+            name = f"paged{pages or ''}"
+            out[name] = ["rollout.kv_cache=paged", f"rollout.page_tokens={args.page}", *size]
+    return out
+
+
 def run_jax(args, prompts, lengths) -> list[dict]:
+    caches = cache_overrides(args)
     engines = {
-        scheduler: build(
+        scheduler if list(caches) == ["dense"] else f"{cache}/{scheduler}": build(
             [
                 f"rollout.capacity={args.capacity}",
                 f"rollout.scheduler={scheduler}",
                 f"dataset.max_new_tokens={args.max_new}",
                 *dtype_override(args),
+                *overrides,
             ]
         )[1]
-        for scheduler in ("waves", "continuous")
+        for cache, overrides in caches.items()
+        for scheduler in args.schedulers
     }
-    floors = full_slot_cost(engines["waves"], prompts, args.max_new, args.capacity, args.repeats)
+    first = next(iter(engines.values()))
+    floors = full_slot_cost(first, prompts, args.max_new, args.capacity, args.repeats)
     print(f"full-slot cost: {json.dumps(floors)}", flush=True)
     rows = []
     for multiple in args.multiples:
@@ -216,6 +240,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the engine's dtype, rollout.param_dtype (default: the model's, fp32)",
     )
     parser.add_argument("--uniform", action="store_true", help="every length --max-new (W1)")
+    parser.add_argument(
+        "--schedulers", nargs="+", choices=("waves", "continuous"), default=["waves", "continuous"]
+    )
+    parser.add_argument(
+        "--kv-cache", nargs="+", choices=("dense", "paged"), default=["dense"],
+        help="the JAX engine's rollout.kv_cache, each run beside the others",
+    )  # fmt: skip
+    parser.add_argument("--page", type=int, default=16, help="rollout.page_tokens")
+    parser.add_argument(
+        "--pages", type=int, nargs="+", default=[0],
+        help="rollout.kv_cache_pages_per_replica of the paged runs (0 = every slot at its caps)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     return parser.parse_args(argv)
 
@@ -245,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows = run(args, prompts, lengths)
     print_table(rows)
     print(f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"peak RSS of this process: {peak:.0f} MiB")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return rows

@@ -19,6 +19,7 @@ from flax import nnx
 from locoexp.model.attention import AttentionSpec, attend, causal_segment_mask, constrain_rows
 from locoexp.model.config import ModelConfig, RematPolicy
 from locoexp.model.moe import MoE, RouterStats, load_balancing_loss, no_router_stats
+from locoexp.model.paged import PagedLayer, attend_paged
 from locoexp.model.remat import call_block_outputs, checkpoint_policy
 
 __all__ = [
@@ -189,7 +190,10 @@ def attend_cached(
     `window` > 0 a token attends only the slots fewer than `window` behind it (Gemma4's local
     layers; a row's slots are consecutive positions, so slot distance is token distance). A [B]
     `cache_index` gives each row its own slot (continuous batching: rows admitted at different
-    iterations), written by a per-row update."""
+    iterations), written by a per-row update. A `PagedLayer` in place of the pair is the paged
+    cache's decode (`paged.attend_paged`; `valid` and `cache_index` unused)."""
+    if isinstance(cache, PagedLayer):
+        return attend_paged(q, k, v, cache, window)
     b, t, heads, h = q.shape
     e = cache[0].shape[1]
     if e != k.shape[2]:
@@ -355,16 +359,17 @@ class Transformer(nnx.Module):
         self,
         tokens: Array,
         positions: Array,
-        mask: Array,
-        cache: KVCache | None = None,
+        mask: Array | None,
+        cache: KVCache | tuple[PagedLayer, ...] | None = None,
         cache_index: Array | None = None,
-    ) -> tuple[Array, KVCache | None]:
+    ) -> tuple[Array, KVCache | tuple[PagedLayer, ...] | None]:
         """tokens, positions [B,T] -> final hidden states [B,T,D] and the cache.
 
         Without a cache, mask [B,T,T] (True = may attend). With a cache, mask [B,S] marks the
         slots that hold real tokens (False for left padding): keys/values of the T new tokens
         are written at slots [cache_index, cache_index + T) and each new token attends the
-        valid slots up to its own.
+        valid slots up to its own. A paged cache (one `PagedLayer` per layer, decode only) takes
+        no mask and no index: each layer says where its token goes (`paged.attend_paged`).
         """
         inv_freq = rope_frequencies(self.config)
         x = self.embed_tokens(tokens)

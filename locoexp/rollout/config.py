@@ -21,6 +21,15 @@ class Scheduler(enum.Enum):
     continuous = "continuous"
 
 
+class KVCacheKind(enum.Enum):
+    """How the JAX engine keeps its KV cache (locoexp/rollout/paged_slots.py)."""
+
+    dense = "dense"  # P' + M slots per row, reserved for its whole life
+    # a pool of `page_tokens`-token pages per replica, taken as a row grows and given back when
+    # it ends; decode attention reads only each row's own pages (vLLM's PagedAttention)
+    paged = "paged"
+
+
 @dataclasses.dataclass(kw_only=True)
 class RolloutConfig:
     engine: EngineKind = EngineKind.jax
@@ -65,6 +74,18 @@ class RolloutConfig:
     # scores are [chunk, slots] per sequence and layer, never [prompt, prompt] (15,360-token
     # SWE-agent prompts). A prompt bucket above it is rounded up to whole chunks.
     prefill_chunk_tokens: int = 512
+    # The JAX engine's KV cache: `dense` keeps P' + M slots per row for the row's whole life and
+    # attends over all of them; `paged` keeps a pool of pages per data-parallel replica, a page
+    # table per slot, takes pages as a row grows and returns them when it ends. When the pool
+    # runs dry a row waits for pages; when every live row waits, the last one is preempted and
+    # recomputed from its prompt (vLLM's rule). Dense stays the default until paged is as fast
+    # on W1 (experiments/LOG.md, session 25).
+    kv_cache: KVCacheKind = KVCacheKind.dense
+    page_tokens: int = 16  # tokens a page holds (rollout.kv_cache=paged)
+    # Pages in each replica's pool, per layer; null = enough for every slot at its caps (the
+    # dense cache's memory). Fewer pages are the saving: rows of their real lengths share them.
+    # It must hold one row at its caps (dataset.max_prompt_tokens + dataset.max_new_tokens).
+    kv_cache_pages_per_replica: int | None = None
     # Weights, activations and KV cache of the engine; null = model.param_dtype. bfloat16 with a
     # float32 trainer is Table I3's cost-to-learn recipe: publication casts into it.
     param_dtype: DType | None = None
@@ -106,21 +127,7 @@ class RolloutConfig:
         )
         require(self.top_k >= 0, f"rollout.top_k={self.top_k} must be >= 0 (0 = off).")
         require(0 < self.top_p <= 1, f"rollout.top_p={self.top_p} must be in (0, 1].")
-        require(
-            self.capacity >= 0,
-            f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit).",
-        )
-        require(
-            self.max_sequences_per_replica >= 0,
-            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} must be >= 0 "
-            "(0 = no cap).",
-        )
-        require(
-            not (self.capacity and self.max_sequences_per_replica),
-            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} caps the "
-            f"capacity the plan sizes, but rollout.capacity={self.capacity} fixes it: set one "
-            "of the two.",
-        )
+        self._check_capacity()
         require(
             self.tensor_parallel >= 1,
             f"rollout.tensor_parallel={self.tensor_parallel} must be >= 1.",
@@ -138,6 +145,12 @@ class RolloutConfig:
             self.prefill_chunk_tokens >= 1,
             f"rollout.prefill_chunk_tokens={self.prefill_chunk_tokens} must be >= 1.",
         )
+        require(self.page_tokens >= 1, f"rollout.page_tokens={self.page_tokens} must be >= 1.")
+        require(
+            self.kv_cache_pages_per_replica is None or self.kv_cache_pages_per_replica >= 1,
+            f"rollout.kv_cache_pages_per_replica={self.kv_cache_pages_per_replica} must be >= 1 "
+            "(or null: every slot at its caps).",
+        )
         require(
             self.eval_temperature >= 0,
             f"rollout.eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy).",
@@ -152,6 +165,24 @@ class RolloutConfig:
         require(
             self.kv_cache_gib >= 0,
             f"rollout.kv_cache_gib={self.kv_cache_gib} must be >= 0 (0 = from memory_fraction).",
+        )
+
+    def _check_capacity(self) -> None:
+        """The engine's slots: a fixed capacity, or the plan's under an optional cap."""
+        require(
+            self.capacity >= 0,
+            f"rollout.capacity={self.capacity} must be >= 0 (0 = the most that fit).",
+        )
+        require(
+            self.max_sequences_per_replica >= 0,
+            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} must be >= 0 "
+            "(0 = no cap).",
+        )
+        require(
+            not (self.capacity and self.max_sequences_per_replica),
+            f"rollout.max_sequences_per_replica={self.max_sequences_per_replica} caps the "
+            f"capacity the plan sizes, but rollout.capacity={self.capacity} fixes it: set one "
+            "of the two.",
         )
 
     def at_capacity(self, capacity: int) -> "RolloutConfig":

@@ -51,9 +51,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
+from locoexp.errors import require
 from locoexp.model.transformer import Transformer
 from locoexp.rollout import scheduling, sharding
-from locoexp.rollout.config import RolloutConfig, SamplingParams
+from locoexp.rollout.config import KVCacheKind, RolloutConfig, SamplingParams
+from locoexp.rollout.paged_slots import PageLayout
+from locoexp.rollout.pages import pages_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +168,7 @@ class JaxEngine:
             vocab_shards=sharding.vocab_shards(self.model_config, tp),
             eos_id=eos_id,
             pad_id=pad_id,
+            paged=page_layout(config),
         )
         self._abstract = shapes  # the params' structure, for a per-layer load after a release
         if abstract:
@@ -252,8 +256,13 @@ class JaxEngine:
         n = len(prompts)
         prompt_len = padded_prompt_tokens(max(len(p) for p in prompts), self.config)
         tokens, lens = self._left_pad(prompts, prompt_len)
-        caps = np.full(n, max_new_tokens, np.int32) if request_caps is None else request_caps
-        requests = scheduling.host_requests(tokens, lens, np.asarray(caps, np.int32), first=0)
+        caps = np.asarray(
+            np.full(n, max_new_tokens) if request_caps is None else request_caps, np.int32
+        )
+        check_page_pool(
+            self.config, max(len(p) + int(c) for p, c in zip(prompts, caps, strict=True))
+        )
+        requests = scheduling.host_requests(tokens, lens, caps, first=0)
         call = scheduling.Call(
             prompt_len=prompt_len,
             max_new=max_new_tokens,
@@ -307,6 +316,28 @@ class JaxEngine:
             tokens[i, length - len(p) :] = p
             lens[i] = len(p)
         return tokens, lens
+
+
+def page_layout(config: RolloutConfig) -> PageLayout | None:
+    """The slots' page layout under `rollout.kv_cache=paged`, None for the dense cache."""
+    if config.kv_cache is KVCacheKind.dense:
+        return None
+    return PageLayout(config.page_tokens, config.kv_cache_pages_per_replica)
+
+
+def check_page_pool(config: RolloutConfig, row_tokens: int) -> None:
+    """Refuse a pool that cannot hold the call's longest row (prompt + its cap, `row_tokens`):
+    that row could never finish (the run's caps are checked at start-up, `Config`)."""
+    pages = config.kv_cache_pages_per_replica
+    if config.kv_cache is KVCacheKind.dense or pages is None:
+        return
+    need = pages_for(row_tokens, config.page_tokens)
+    require(
+        need <= pages,
+        f"rollout.kv_cache_pages_per_replica={pages} cannot hold one row at its caps (a "
+        f"{row_tokens}-token prompt and completion needs {need} pages of rollout.page_tokens="
+        f"{config.page_tokens}): set it to at least {need}, or null for every slot at its caps.",
+    )
 
 
 @functools.cache

@@ -18,9 +18,8 @@ back and its request starts over (recompute), as vLLM preempts on a full cache. 
 that cannot hold even one row at its caps can never serve it; `pages_for` lets the caller refuse
 that at start-up.
 
-It owns the bookkeeping only: no cache arrays, no attention, no scheduling. Not yet wired into
-the engine: `rollout.kv_cache` does not exist until the paged attention and the engine's use of
-this allocator are complete (experiments/LOG.md, 2026-12-06, session 22, has the design).
+It owns the bookkeeping only: no cache arrays, no attention, no scheduling (the engine's use
+of it is locoexp/rollout/paged_slots.py, `rollout.kv_cache=paged`).
 
 Shapes: W slots, Q = most pages a slot can hold (`pages_for(P + M, page_tokens)`), N pages in the
 pool.

@@ -34,6 +34,8 @@ from locoexp.model.moe import expert_mesh
 from locoexp.rollout import decode as programs
 from locoexp.rollout import sharding
 from locoexp.rollout.config import Scheduler
+from locoexp.rollout.paged_slots import PagedCache, PageLayout
+from locoexp.rollout.pages import Pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +85,10 @@ class SlotPrograms:
 
     def __init__(
         self, graphdef, mesh: Mesh, *, layers: int, cache_heads: int, vocab_shards: int, eos_id,
-        pad_id,
+        pad_id, paged: PageLayout | None = None,
     ):  # fmt: skip
-        self.graphdef, self.mesh, self.layers = graphdef, mesh, layers
+        """paged: the slots keep a paged cache of this layout (`rollout.kv_cache=paged`)."""
+        self.graphdef, self.mesh, self.layers, self.paged = graphdef, mesh, layers, paged
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
         self.vocab_shards = vocab_shards
         self.replicated = NamedSharding(mesh, PS())
@@ -114,14 +117,14 @@ class SlotPrograms:
                 fn = functools.partial(
                     programs.start, self.graphdef, width=width, chunk=call.chunk,
                     max_new=call.max_new, cache_heads=self.cache_heads, pad_id=self.pad_id,
-                    **sampler,
+                    paged=self.paged, replicas=self.replicas, **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out)
             case "run":  # the slots are donated: the loop updates their cache in place
                 fn = functools.partial(
                     programs.run, self.graphdef, floor=static[3], refill=static[4],
                     replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
-                    **sampler,
+                    page_tokens=self.paged.page_tokens if self.paged else 0, **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
@@ -134,6 +137,13 @@ class SlotPrograms:
             NamedSharding(self.mesh, PS(sharding.DATA)),
             sharding.cache_sharding(self.mesh),
         )
+        if self.paged is None:
+            caches: object = tuple((cache, cache) for _ in range(self.layers))
+        else:  # pools split by replica over data and by heads over tensor; the rest by replica
+            # the same pytrees holding shardings, which their annotations (arrays) do not say
+            pool = sharding.pool_sharding(self.mesh)
+            pages = Pages(free=rows, top=rows, table=rows, held=rows, granted=rows)  # type: ignore[arg-type]
+            caches = PagedCache(pools=(pool,) * self.layers, pages=pages, parked=rows)  # type: ignore[arg-type]
         leaves = dict(
             request=rows,
             length=rows,
@@ -148,7 +158,6 @@ class SlotPrograms:
             counts=self.replicated,
             key=self.replicated,
         )
-        caches = tuple((cache, cache) for _ in range(self.layers))
         # the carry's structure holding shardings, which its annotations (arrays) do not say
         return programs.Slots(cache=caches, **leaves)  # type: ignore[arg-type]
 

@@ -6,9 +6,9 @@ devices under `co`, consecutive hosts' devices on a single controller whose devi
 (Table H1's TP16/TP32). Within a group, Megatron-style:
 - q/k/v projections are split by output heads, o_proj by input heads (one all-reduce after it);
 - gate/up by the MLP width, down_proj by its input (one all-reduce after it);
-- the KV cache by its heads; with TP above the KV heads each device keeps the one KV head its
-  query heads read (k/v projections replicated, the cache holding each KV head TP/K times),
-  as vLLM does;
+- the KV cache by its heads (a paged cache's pool also by replica: `pool_sharding`); with TP
+  above the KV heads each device keeps the one KV head its query heads read (k/v projections
+  replicated, the cache holding each KV head TP/K times), as vLLM does;
 - embedding and output head split by vocabulary when TP divides it (a vocabulary-parallel head,
   as vLLM's and tpu-inference's: each device computes the logits of its V / TP tokens, and the
   sampler keeps to those shards, locoexp/rollout/sampling.py; the embedding lookup becomes a
@@ -126,3 +126,9 @@ def param_shardings(params, mesh: Mesh, model: ModelConfig, tensor_parallel: int
 def cache_sharding(mesh: Mesh) -> NamedSharding:
     """KV cache [C, E, S, h]: rows over data, heads over tensor."""
     return NamedSharding(mesh, PS(DATA, TENSOR, None, None))
+
+
+def pool_sharding(mesh: Mesh) -> NamedSharding:
+    """A paged KV cache's pool [r, N, page, 2E, h] (locoexp/rollout/paged_slots.py): each
+    replica's pool on its own devices, the heads (k and v of each) over tensor."""
+    return NamedSharding(mesh, PS(DATA, None, None, TENSOR, None))
