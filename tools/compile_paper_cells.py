@@ -17,10 +17,12 @@ programs are not locoexp's), XLA's verdict, compile seconds.
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from locoexp.compiled.worker import compile_pooled
 from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
@@ -35,10 +37,51 @@ from locoexp.session.build import config_as_dict, plan_setup
 SAME_PROGRAMS = ("opt", "launch", "seed", "steps", "logger", "dry_run", "eval_every_steps")
 
 
+def _set_values(value: Any) -> Any:
+    """A config's values that differ from their fields' defaults (enums by value): a key added
+    later at its default leaves every cached cell's key as it was."""
+    if not dataclasses.is_dataclass(value):
+        return [_set_values(v) for v in value] if isinstance(value, list | tuple) else value
+    kept = {}
+    for field in dataclasses.fields(value):
+        now = getattr(value, field.name)
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if now != default:
+            kept[field.name] = _set_values(now)
+    return {k: getattr(v, "value", v) for k, v in kept.items()}
+
+
 def program_key(config: Config) -> str:
-    """Cells with equal keys compile the same programs."""
-    kept = {k: v for k, v in config_as_dict(config).items() if k not in SAME_PROGRAMS}
+    """Cells with equal keys compile the same programs: the config's set values, less the
+    keys that change no program. (A change of the code or of a default is not in the key:
+    start a new cache file then.)"""
+    kept = {k: v for k, v in _set_values(config).items() if k not in SAME_PROGRAMS}
     return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _leaves(tree: dict, path: tuple = ()) -> dict[tuple, Any]:
+    out: dict[tuple, Any] = {}
+    for name, value in tree.items():
+        out |= _leaves(value, (*path, name)) if isinstance(value, dict) else {(*path, name): value}
+    return out
+
+
+def written_with_every_value(stored: str, config: Config) -> bool:
+    """Whether a cache line written before `program_key` left defaults out (every value of the
+    config then) is this config's: each value it holds is the config's, and each key it lacks
+    (added since) is at its default. Such cells are not compiled again."""
+    old = _leaves(json.loads(stored))
+    now = {k: v for k, v in config_as_dict(config).items() if k not in SAME_PROGRAMS}
+    set_now = _leaves(json.loads(program_key(config)))
+    return all(
+        (old[path] == value) if path in old else (path not in set_now)
+        for path, value in _leaves(json.loads(json.dumps(now, default=str))).items()
+    )
 
 
 def compile_cell(config: Config) -> dict:
@@ -152,6 +195,9 @@ def main() -> None:
             seen.add(cell)
             key = program_key(config)
             cached = done.get((experiment, cell, args.layout))
+            if cached is not None and written_with_every_value(cached["key"], config):
+                cached["key"] = key  # written before defaults were left out of the key
+                by_programs.setdefault(key, cached["figures"])
             if cached is None or cached["key"] != key:  # new, or its files changed since
                 figures = by_programs.get(key) or compile_cell(config)
                 by_programs[key] = figures
