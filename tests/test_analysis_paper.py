@@ -435,3 +435,19 @@ def test_a_recompiling_scored_step_adds_the_compile_charged_ratio(tmp_path):
     other = arm(tmp_path, "co-other", 5.5)
     plain = compare.compare_arms(find_runs(other), find_runs(co))
     assert plain["compile_charged"] is None
+
+
+@pytest.mark.parametrize("launches", [2, 3])
+def test_an_ablation_rung_under_three_launches_is_provisional(tmp_path, launches):
+    # App. A: a rung holds on disjoint launch ranges and a ratio beyond both spreads; like every
+    # other verdict it is provisional with fewer than three launches per arm
+    off = arm(tmp_path, "off", 6.0, levers=False, launches=launches)
+    on = arm(tmp_path, "on", 5.0, launches=launches)
+    result = compare.compare_arms(find_runs(off), find_runs(on))
+    assert result["rule"] == "rung"
+    if launches == 2:
+        assert result["verdict"] == (
+            "ours faster, provisional (2 launches per arm; Appendix A asks 3)"
+        )
+    else:
+        assert result["verdict"] == "ours faster (rung holds)"

@@ -12,6 +12,7 @@ for the pooled ratio and also compared one by one against the pooled baseline. T
   against the same step and launch of the other), which must fall on the same side of 1.
 - ablation rungs (a lever off against on): disjoint launch ranges and a ratio that differs from 1
   by more than either arm's relative spread.
+Every rule's verdict is provisional with fewer than three launches per arm (Appendix A).
 
 Equal work (Section 3.3): per-step mean prompt lengths within 0.5 tokens on every step, mean and
 longest output lengths within a factor [0.8, 1.25], truncation shares within 10 points.
@@ -135,16 +136,25 @@ def verdict(per_step: Ratio, per_token: Ratio, problems: list[str]) -> str:
 
 
 def rung_verdict(baseline_launches: Sequence[float], ours_launches: Sequence[float]) -> str:
-    """Appendix A's ablation rung: disjoint launch ranges and |ratio - 1| above both spreads."""
+    """Appendix A's ablation rung: disjoint launch ranges and |ratio - 1| above both spreads;
+    provisional with fewer than three launches per arm, like every other verdict."""
     a, b = np.asarray(baseline_launches, float), np.asarray(ours_launches, float)
     if a.size < 2 or b.size < 2:
         return "no verdict (a rung needs at least two launches per arm)"
     ratio = math.exp(np.log(a).mean() - np.log(b).mean())
     spread = max((a.max() - a.min()) / np.median(a), (b.max() - b.min()) / np.median(b))
     disjoint = a.min() > b.max() or b.min() > a.max()
-    if disjoint and abs(ratio - 1) > spread:
-        return f"{'ours faster' if ratio > 1 else 'baseline faster'} (rung holds)"
-    return "no verdict (launch ranges overlap or the ratio is within the spread)"
+    if not (disjoint and abs(ratio - 1) > spread):
+        return "no verdict (launch ranges overlap or the ratio is within the spread)"
+    winner = "ours" if ratio > 1 else "baseline"
+    return _provisional(winner, min(a.size, b.size)) or f"{winner} faster (rung holds)"
+
+
+def _provisional(winner: str, fewest: int) -> str | None:
+    """Appendix A: fewer than three launches per arm make any verdict provisional."""
+    if fewest >= LAUNCHES_FOR_A_VERDICT:
+        return None
+    return f"{winner} faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
 
 
 def step_times(run: Run, steady: str | None) -> list[float]:
@@ -254,9 +264,9 @@ def _decide(result: dict, rule: str, launch_a: list[float], launch_b: list[float
     if not all(v.startswith("ours faster") for v in verdicts):
         return f"no verdict (a launch's lower bound is at or below {VERDICT_MARGIN})"
     fewest = min(result["baseline"]["launches"], result["ours"]["launches"])
-    if fewest < LAUNCHES_FOR_A_VERDICT:
-        return f"ours faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
-    return f"ours faster (every lower bound above {VERDICT_MARGIN}, equal work)"
+    return _provisional("ours", fewest) or (
+        f"ours faster (every lower bound above {VERDICT_MARGIN}, equal work)"
+    )
 
 
 def _within_verdict(result: dict, *, fewest: int) -> str:
@@ -275,9 +285,7 @@ def _within_verdict(result: dict, *, fewest: int) -> str:
     if len(sides) != 1 or 0 in sides:
         return "no verdict (an interval includes 1 or the two disagree)"
     winner = "ours" if sides == {1} else "baseline"
-    if fewest < LAUNCHES_FOR_A_VERDICT:
-        return f"{winner} faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
-    return f"{winner} faster ({rules})"
+    return _provisional(winner, fewest) or f"{winner} faster ({rules})"
 
 
 def compile_charged_ratio(baseline: Sequence[Run], ours: Sequence[Run], steady) -> dict | None:
