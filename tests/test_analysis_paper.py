@@ -481,6 +481,34 @@ def test_runs_without_compile_events_say_so_and_charge_nothing(tmp_path):
     assert "compile time: not recorded by these runs" in compare.format_comparison(result)
 
 
+@pytest.mark.parametrize(("co_reward", "within"), [(0.504, True), (0.506, False)])
+def test_da_against_co_reports_section_4_4s_training_reward_band(tmp_path, co_reward, within):
+    # Section 4.4: DA's training reward stays within the pre-registered 0.005 band of CO's; the
+    # band's verdict flips as the gap crosses 0.005
+    da = arm(tmp_path, "da", 8.20, placement="da", split=0.5, hosts=2,
+             extra={"rollout/reward_mean": 0.5})  # fmt: skip
+    co = arm(tmp_path, "co", 5.08, hosts=2, extra={"rollout/reward_mean": co_reward})
+    result = compare.compare_arms(find_runs(da), find_runs(co))
+    band = result["reward_band"]
+    assert band["gap"] == pytest.approx(co_reward - 0.5) and band["within"] is within
+    where = "within" if within else "outside"
+    assert f"training reward {where} the pre-registered 0.005 band" in (
+        compare.format_comparison(result)
+    )
+    assert result["verdict"] == "ours faster (Welch)"  # a timing verdict, read beside the band
+
+
+def test_the_reward_band_without_reward_records_is_one_sentence(tmp_path):
+    da = arm(tmp_path, "da", 8.20, placement="da", split=0.5, hosts=2)
+    co = arm(tmp_path, "co", 5.08, hosts=2)
+    (co[1] / "metrics.jsonl").write_text(
+        (co[1] / "metrics.jsonl").read_text().replace('"rollout/reward_mean"', '"other"')
+    )
+    band = compare.compare_arms(find_runs(da), find_runs(co))["reward_band"]
+    assert band["verdict"].startswith("training reward band not judged: ")
+    assert "co-1 logs no rollout/reward_mean on a scored step" in band["verdict"]
+
+
 @pytest.mark.parametrize("launches", [2, 3])
 def test_an_ablation_rung_under_three_launches_is_provisional(tmp_path, launches):
     # App. A: a rung holds on disjoint launch ranges and a ratio beyond both spreads; like every

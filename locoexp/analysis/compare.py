@@ -12,8 +12,9 @@ for the pooled ratio and also compared one by one against the pooled baseline. T
   against the same step and launch of the other), which must fall on the same side of 1.
 - ablation rungs (a lever off against on): disjoint launch ranges and a ratio that differs from 1
   by more than either arm's relative spread.
-Every rule's verdict is provisional with fewer than three launches per arm (Appendix A). Where
-scored steps recompile, the ratio with the recorded compile seconds charged back is reported too.
+Every rule's verdict is provisional with fewer than three launches per arm (Appendix A). Beside
+the verdict: DA against CO reports Section 4.4's pre-registered training-reward band (0.005), and
+where scored steps recompile, the ratio with the recorded compile seconds charged back.
 
 Equal work (Section 3.3): per-step mean prompt lengths within 0.5 tokens on every step, mean and
 longest output lengths within a factor [0.8, 1.25], truncation shares within 10 points.
@@ -42,6 +43,9 @@ LAUNCHES_FOR_A_VERDICT = 3  # Appendix A: fewer launches per arm make a cell pro
 RESAMPLES = 10_000
 # Appendix A: the paired-step bootstrap joins the Welch interval only on these workloads
 PAIRED_WORKLOADS = ("numinamath_cot", "swe_agent")
+# Section 4.4: DA's training reward stays within this pre-registered band of CO's
+REWARD_BAND = 0.005
+REWARD_KEY = "rollout/reward_mean"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +228,8 @@ def compare_arms(
     result["headline"] = headline_ratio(launch_a, launch_b)
     result["compile_charged"] = compile_charged_ratio(baseline, ours, steady)
     result["compiles_recorded"] = compiles_recorded((*baseline, *ours), steady)
+    if rule == Rule.within:
+        result["reward_band"] = reward_band(baseline, ours, steady)
     result["workload"] = ours[0].workload
     welch = welch_log_ratio(launch_a, launch_b)
     result["welch"] = None if welch is None else dataclasses.asdict(welch)
@@ -333,6 +339,33 @@ def compiles_recorded(runs: Sequence[Run], steady) -> bool:
     return all(_scored_compiles(r, steady) is not None for r in runs)
 
 
+def reward_band(baseline: Sequence[Run], ours: Sequence[Run], steady) -> dict:
+    """Section 4.4's pre-registered check for DA against CO: training reward (each launch's mean
+    `rollout/reward_mean` over its scored steps, averaged over launches) within 0.005 of the
+    other arm's. A timing verdict is read at equal quality only inside the band."""
+    means = {}
+    for name, arm in (("baseline", baseline), ("ours", ours)):
+        launches = []
+        for run in arm:
+            scored = steady_steps(run, override=steady)
+            if not scored or any(r.get(REWARD_KEY) is None for r in scored):
+                missing = f"{run.run_dir} logs no {REWARD_KEY} on a scored step"
+                return {"verdict": f"training reward band not judged: {missing}"}
+            launches.append(float(np.mean([float(r[REWARD_KEY]) for r in scored])))
+        means[name] = float(np.mean(launches))
+    gap = means["ours"] - means["baseline"]
+    within = abs(gap) <= REWARD_BAND
+    where = "within" if within else "outside"
+    return {
+        **means,
+        "gap": gap,
+        "band": REWARD_BAND,
+        "within": within,
+        "verdict": f"training reward {where} the pre-registered {REWARD_BAND} band "
+        f"(ours - baseline {gap:+.4f}; Section 4.4)",
+    }
+
+
 def headline_ratio(launch_a: Sequence[float], launch_b: Sequence[float]) -> dict:
     """Appendix A's headline: each cell averages its launches (the mean of launch medians) and
     the ratio is the geometric mean over launches, baseline over ours."""
@@ -376,6 +409,8 @@ def format_comparison(result: dict) -> str:
         "",
         f"verdict: {result['verdict']}",
     ]
+    if "reward_band" in result:
+        lines.append(result["reward_band"]["verdict"])
     return "\n".join(lines)
 
 
