@@ -523,3 +523,74 @@ def test_an_ablation_rung_under_three_launches_is_provisional(tmp_path, launches
         )
     else:
         assert result["verdict"] == "ours faster (rung holds)"
+
+
+# Table I6's spread: 18 seeds per stack whose scores differ by +-0.55 pp around the stack's mean
+SEED_DEVIATIONS = 0.0055 * np.resize([-1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 0.0, 0.0], 18) / 0.9
+
+
+def scored_seeds(tmp_path, name, mean, *, seeds=18, eval_rows=1319, skip=None):
+    """Seeds of one stack scored at updates 275 and 300 (Table I6's mean of the two), around
+    `mean`; `skip` leaves that update's score out of every seed's records."""
+    runs = []
+    for seed, deviation in enumerate(SEED_DEVIATIONS[:seeds]):
+        score = mean + deviation
+        evals = {275: score - 0.001, 300: score + 0.001}
+        if skip:
+            del evals[skip]
+        dataset = {"kind": "gsm8k", "batches_per_pass": 150, "passes": 2, "eval_size": eval_rows}
+        runs.append(
+            write_run(
+                tmp_path / f"{name}-{seed}",
+                [10.0] * 300,
+                hosts=1,
+                seed=seed,
+                evals=evals,
+                config={"dataset": dataset, "eval_at_updates": [275, 300]},
+            )
+        )
+    return [str(r) for r in runs]
+
+
+@pytest.mark.parametrize(("gap", "matches"), [(0.0065, True), (0.02, False)])
+def test_cost_reads_table_i6s_held_out_quality_against_the_floor(tmp_path, capsys, gap, matches):
+    # Table I6: Pathways minus LoCoJAX +0.65 pp [+0.28, +1.02] (18 v 18), below the ~1 pp floor
+    # of one checkpoint (1,319 GSM8K rows at 85%): "matches within evaluation noise"; a 2 pp gap
+    # is beyond the floor and the interval
+    ours = scored_seeds(tmp_path, "loco", 0.85)
+    pathways = scored_seeds(tmp_path, "pw", 0.85 + gap)
+    assert main(["cost", *ours, "--against", *pathways, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["quality"]
+    assert row["updates"] == [275, 300] and row["runs"] == [18, 18]
+    assert row["difference_pp"] == pytest.approx(100 * gap)
+    p = 0.85 + gap / 2  # both cells' seeds pooled: one binomial standard error of 1,319 rows
+    assert row["floor_pp"] == pytest.approx(100 * np.sqrt(p * (1 - p) / 1319))
+    if matches:
+        assert row["interval_pp"] == pytest.approx([0.28, 1.02], abs=0.03)
+        assert row["floor_pp"] == pytest.approx(0.98, abs=0.01)  # Table I6's ~1 pp
+        assert row["verdict"].startswith("matches within evaluation noise (0.65 pp is below")
+    else:
+        assert (
+            row["verdict"] == "against higher by 2.00 pp, beyond the 0.96 pp floor and the interval"
+        )
+    assert main(["cost", *ours, "--against", *pathways]) == 0
+    assert "held-out quality (Table I6), against - ours at updates 275/300" in (
+        capsys.readouterr().out
+    )
+
+
+def test_table_i6_with_missing_scores_or_one_cell_is_one_sentence(tmp_path, capsys):
+    ours = scored_seeds(tmp_path, "loco", 0.85, seeds=3, skip=300)
+    pathways = scored_seeds(tmp_path, "pw", 0.86, seeds=3)
+    assert main(["cost", *ours, "--against", *pathways]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "loco-0 has no held-out accuracy (eval/accuracy) at update 300" in error
+    assert main(["cost", *pathways, "--quality-at", "275", "300"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "needs two cells" in error
+    # one seed a cell: no Welch interval; beyond the floor, no verdict
+    assert main(["cost", pathways[2], "--against", ours[0], "--quality-at", "275", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["quality"]
+    assert row["interval_pp"] is None
+    assert row["verdict"] == "no verdict (the Welch interval needs two seeds per cell)"
