@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from run_dirs import noisy, write_run
 
-from locoexp.analysis import accounting, compare, cost
+from locoexp.analysis import accounting, compare, cost, quality
 from locoexp.analysis.__main__ import main
 from locoexp.analysis.runs import find_runs
 
@@ -594,3 +594,14 @@ def test_table_i6_with_missing_scores_or_one_cell_is_one_sentence(tmp_path, caps
     row = json.loads(capsys.readouterr().out)["quality"]
     assert row["interval_pp"] is None
     assert row["verdict"] == "no verdict (the Welch interval needs two seeds per cell)"
+
+
+def test_table_i6s_reading_without_a_known_floor_leans_on_the_interval_alone():
+    # the whole split scored and no --eval-rows: the floor is unknown, and the verdict says so
+    assert quality.quality_verdict(0.65, [0.28, 1.02], None) == (
+        "against higher by 0.65 pp (floor unknown: give --eval-rows)"
+    )
+    assert quality.quality_verdict(-0.65, [-1.1, 0.1], None).startswith(
+        "no verdict (the Welch interval includes 0) (floor unknown"
+    )
+    assert quality.quality_verdict(-0.65, [-1.1, -0.2], 0.98).startswith("matches within")
