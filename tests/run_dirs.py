@@ -29,9 +29,11 @@ def write_run(
     evals: dict[int, float] | None = None,
     eval_target: float = 0.85,
     extra: dict | None = None,
+    step_extra: dict[int, dict] | None = None,
     config: dict | None = None,
 ) -> Path:
-    """One run: `step_s` is a step time per step (its length is the step count)."""
+    """One run: `step_s` is a step time per step (its length is the step count); `extra` adds
+    keys to every step record, `step_extra` to the records of the steps it names."""
     steps = len(step_s)
     cfg = {
         "placement": {"kind": placement},
@@ -75,6 +77,7 @@ def write_run(
             "rollout/reward_mean": step / steps,
             **{f"timing/{p}_s": v for p, v in (phases or {}).items()},
             **(extra or {}),
+            **(step_extra or {}).get(step, {}),
         }
         lines.append(record)
         if evals and step + 1 in evals:

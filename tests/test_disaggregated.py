@@ -44,6 +44,7 @@ TIMING_KEYS = [
         "load", "admission", "generation", "reward", "rollout",  # rollout side, batch t
         "transfer", "pack", "train", "publish", "trainer",  # trainer side, step t
         "step", "trainer_idle", "overlap",  # the driver's period and what overlapped
+        "rollout_compile", "trainer_compile", "compile",  # each side's compile events, the driver's
     )
 ]  # fmt: skip
 
@@ -108,6 +109,8 @@ def test_da_runs_every_step_and_writes_the_co_records(runs, layout):
         assert set(TIMING_KEYS) <= record.keys(), set(TIMING_KEYS) - record.keys()
         assert record["rollout/tokens_out"] > 0 and np.isfinite(record["train/loss"])
         assert 0.0 <= record["timing/overlap_share"] <= 1.0
+    # the actors compile their programs in their first calls, each side under its own key
+    assert records[0]["timing/rollout_compile_s"] > 0 and records[0]["timing/trainer_compile_s"] > 0
     evals = [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     assert [e["step"] for e in evals] == [STEPS - 1]
     written = json.loads((run_dir / "summary.json").read_text())

@@ -16,6 +16,7 @@ STEP_KEYS = {
     "step",
     "timing/step_s",
     "timing/unaccounted_s",
+    "timing/compile_s",
     *(f"timing/{p}_s" for p in PHASES),
     "rollout/reward_mean",
     "rollout/tokens_in",
@@ -43,6 +44,7 @@ def test_two_step_pulse_writes_metrics_and_summary(tmp_path):
         assert record["rollout/tokens_out"] > 0
         phases = sum(record[f"timing/{p}_s"] for p in PHASES) + record["timing/unaccounted_s"]
         assert phases == pytest.approx(record["timing/step_s"], rel=1e-6)
+    assert steps[0]["timing/compile_s"] > 0  # step 0 runs every program first: compile events
     assert len(evals) == 1 and evals[0]["step"] == 1
     assert 0.0 <= evals[0]["eval/accuracy"] <= 1.0 and evals[0]["eval/seconds"] > 0
 

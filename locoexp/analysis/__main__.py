@@ -7,7 +7,7 @@
     accounting --eq2 ... / --eq3 ... / --decode-premium ...      trade-offs 1-3
     accounting --ratio-model --t-pw ... --t-loco ...             Appendix E.1
     accounting --recommend --co RUN [RUN ...] [--da RUN ...]     Eq. 4's da period predicted
-    cost RUN [RUN ...] [--against RUN ...] [--target 0.85]       Appendix I, Table I2
+    cost RUN [RUN ...] [--against RUN ...] [--target 0.85]       Appendix I, Tables I2 and I6
     figures RUN_OR_SWEEP [...] --out DIR [--only fig4 ...]       the paper's figures as PNG
 
 Every command prints a table on stdout, or with --json the same as JSON. Bad input exits 2

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from locoexp.analysis import accounting, compare, cost, recommend
+from locoexp.analysis import accounting, compare, cost, quality, recommend
 from locoexp.analysis.runs import Run, find_runs, require_one_cell, select
 from locoexp.errors import ConfigError
 
@@ -357,6 +357,19 @@ def add_cost(commands) -> None:
     p.add_argument("--select", nargs="+", default=[], metavar="KEY=VALUE", help="ours from a sweep")
     p.add_argument("--against-select", nargs="+", default=[], metavar="KEY=VALUE")
     p.add_argument("--target", type=float, help="default: the runs' own eval_target")
+    p.add_argument(
+        "--quality-at",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="UPDATE",
+        help="Table I6: score each seed at these updates (default: the first two eval_at_updates)",
+    )
+    p.add_argument(
+        "--eval-rows",
+        type=int,
+        help="held-out rows per checkpoint, for Table I6's floor (default: dataset.eval_size)",
+    )
     _common(p)
     p.set_defaults(run=run_cost, format=cost.format_cost)
 
@@ -367,11 +380,17 @@ def run_cost(args) -> dict:
         require_one_cell(ours, "ours", "add the key to --select")
     cell = cost.build_cell(ours, target=args.target)
     if not args.against and not args.against_select:
+        if args.quality_at:
+            raise ConfigError(quality.TWO_CELLS)
         return cost.cell_report(cell)
     against = select(find_runs(args.against or args.runs), args.against_select)
     if against:
         require_one_cell(against, "against", "add the key to --against-select")
-    return cost.compare_cells(cell, cost.build_cell(against, target=cell.target))
+    row = cost.compare_cells(cell, cost.build_cell(against, target=cell.target))
+    row["quality"] = quality.compare_quality(
+        ours, against, updates=args.quality_at, rows=args.eval_rows
+    )
+    return row
 
 
 # figures ------------------------------------------------------------------------------------

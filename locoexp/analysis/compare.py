@@ -12,6 +12,9 @@ for the pooled ratio and also compared one by one against the pooled baseline. T
   against the same step and launch of the other), which must fall on the same side of 1.
 - ablation rungs (a lever off against on): disjoint launch ranges and a ratio that differs from 1
   by more than either arm's relative spread.
+Every rule's verdict is provisional with fewer than three launches per arm (Appendix A). Beside
+the verdict: DA against CO reports Section 4.4's pre-registered training-reward band (0.005), and
+where scored steps recompile, the ratio with the recorded compile seconds charged back.
 
 Equal work (Section 3.3): per-step mean prompt lengths within 0.5 tokens on every step, mean and
 longest output lengths within a factor [0.8, 1.25], truncation shares within 10 points.
@@ -33,13 +36,16 @@ from locoexp.analysis.runs import (
     steady_steps,
     steady_window,
 )
+from locoexp.metrics.compiles import compile_seconds
 
 VERDICT_MARGIN = 1.111  # covers the ~10% shift a Pathways head node can cause (Section 3.3)
 LAUNCHES_FOR_A_VERDICT = 3  # Appendix A: fewer launches per arm make a cell provisional
 RESAMPLES = 10_000
 # Appendix A: the paired-step bootstrap joins the Welch interval only on these workloads
 PAIRED_WORKLOADS = ("numinamath_cot", "swe_agent")
-RECOMPILE_FACTOR = 3.0  # a scored step this many times its launch's median recompiled
+# Section 4.4: DA's training reward stays within this pre-registered band of CO's
+REWARD_BAND = 0.005
+REWARD_KEY = "rollout/reward_mean"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +141,25 @@ def verdict(per_step: Ratio, per_token: Ratio, problems: list[str]) -> str:
 
 
 def rung_verdict(baseline_launches: Sequence[float], ours_launches: Sequence[float]) -> str:
-    """Appendix A's ablation rung: disjoint launch ranges and |ratio - 1| above both spreads."""
+    """Appendix A's ablation rung: disjoint launch ranges and |ratio - 1| above both spreads;
+    provisional with fewer than three launches per arm, like every other verdict."""
     a, b = np.asarray(baseline_launches, float), np.asarray(ours_launches, float)
     if a.size < 2 or b.size < 2:
         return "no verdict (a rung needs at least two launches per arm)"
     ratio = math.exp(np.log(a).mean() - np.log(b).mean())
     spread = max((a.max() - a.min()) / np.median(a), (b.max() - b.min()) / np.median(b))
     disjoint = a.min() > b.max() or b.min() > a.max()
-    if disjoint and abs(ratio - 1) > spread:
-        return f"{'ours faster' if ratio > 1 else 'baseline faster'} (rung holds)"
-    return "no verdict (launch ranges overlap or the ratio is within the spread)"
+    if not (disjoint and abs(ratio - 1) > spread):
+        return "no verdict (launch ranges overlap or the ratio is within the spread)"
+    winner = "ours" if ratio > 1 else "baseline"
+    return _provisional(winner, min(a.size, b.size)) or f"{winner} faster (rung holds)"
+
+
+def _provisional(winner: str, fewest: int) -> str | None:
+    """Appendix A: fewer than three launches per arm make any verdict provisional."""
+    if fewest >= LAUNCHES_FOR_A_VERDICT:
+        return None
+    return f"{winner} faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
 
 
 def step_times(run: Run, steady: str | None) -> list[float]:
@@ -212,6 +227,9 @@ def compare_arms(
     launch_b = [float(np.median(step_times(r, steady))) for r in ours]
     result["headline"] = headline_ratio(launch_a, launch_b)
     result["compile_charged"] = compile_charged_ratio(baseline, ours, steady)
+    result["compiles_recorded"] = compiles_recorded((*baseline, *ours), steady)
+    if rule == Rule.within:
+        result["reward_band"] = reward_band(baseline, ours, steady)
     result["workload"] = ours[0].workload
     welch = welch_log_ratio(launch_a, launch_b)
     result["welch"] = None if welch is None else dataclasses.asdict(welch)
@@ -254,9 +272,9 @@ def _decide(result: dict, rule: str, launch_a: list[float], launch_b: list[float
     if not all(v.startswith("ours faster") for v in verdicts):
         return f"no verdict (a launch's lower bound is at or below {VERDICT_MARGIN})"
     fewest = min(result["baseline"]["launches"], result["ours"]["launches"])
-    if fewest < LAUNCHES_FOR_A_VERDICT:
-        return f"ours faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
-    return f"ours faster (every lower bound above {VERDICT_MARGIN}, equal work)"
+    return _provisional("ours", fewest) or (
+        f"ours faster (every lower bound above {VERDICT_MARGIN}, equal work)"
+    )
 
 
 def _within_verdict(result: dict, *, fewest: int) -> str:
@@ -275,22 +293,77 @@ def _within_verdict(result: dict, *, fewest: int) -> str:
     if len(sides) != 1 or 0 in sides:
         return "no verdict (an interval includes 1 or the two disagree)"
     winner = "ours" if sides == {1} else "baseline"
-    if fewest < LAUNCHES_FOR_A_VERDICT:
-        return f"{winner} faster, provisional ({fewest} launches per arm; Appendix A asks 3)"
-    return f"{winner} faster ({rules})"
+    return _provisional(winner, fewest) or f"{winner} faster ({rules})"
 
 
 def compile_charged_ratio(baseline: Sequence[Run], ours: Sequence[Run], steady) -> dict | None:
-    """Appendix A: where scored steps recompile, the ratio with compile time charged back too:
-    each launch's mean over its scored steps (the recompiling steps kept, where the median drops
-    them), on the headline's basis. A scored step counts as recompiling when it takes more than
-    RECOMPILE_FACTOR times its launch's median (no compile event is logged per step: a mark,
-    not a measurement). None when no scored step does."""
-    launches = [step_times(r, steady) for r in (*baseline, *ours)]
-    if not any(max(t) > RECOMPILE_FACTOR * float(np.median(t)) for t in launches):
+    """Appendix A: "where scored steps recompile, we also report the ratio with compile time
+    charged back", from the compile events the runs recorded (`metrics.compiles`), never from
+    how slow a step looks. A launch's charged time is the median over its scored steps of each
+    step less its compile seconds, plus the scored steps' compile seconds spread over them:
+    exactly the recorded seconds on the headline's basis. None when no scored step compiled, or
+    when a launch records no compile events (a run from before they were recorded)."""
+    launches = [_scored_compiles(r, steady) for r in (*baseline, *ours)]
+    if any(c is None for c in launches):
         return None
-    means = [float(np.mean(t)) for t in launches]
-    return headline_ratio(means[: len(baseline)], means[len(baseline) :])
+    recorded = [c for c in launches if c is not None]
+    if not any(sum(seconds) > 0 for _, seconds in recorded):
+        return None
+    charged = [
+        float(np.median(np.subtract(times, seconds))) + sum(seconds) / len(times)
+        for times, seconds in recorded
+    ]
+    split = len(baseline)
+    return {
+        **headline_ratio(charged[:split], charged[split:]),
+        "compile_s": {
+            "baseline": float(sum(sum(s) for _, s in recorded[:split])),
+            "ours": float(sum(sum(s) for _, s in recorded[split:])),
+        },
+        "compiling_steps": sum(sum(x > 0 for x in s) for _, s in recorded),
+    }
+
+
+def _scored_compiles(run: Run, steady) -> tuple[list[float], list[float]] | None:
+    """A launch's scored step times and the compile seconds each recorded; None when a scored
+    step carries no compile record."""
+    records = steady_steps(run, override=steady)
+    seconds = [compile_seconds(r) for r in records]
+    if not records or any(s is None for s in seconds):
+        return None
+    return [float(r[STEP_TIME]) for r in records], [float(s or 0.0) for s in seconds]
+
+
+def compiles_recorded(runs: Sequence[Run], steady) -> bool:
+    """Whether every launch records compile events on its scored steps."""
+    return all(_scored_compiles(r, steady) is not None for r in runs)
+
+
+def reward_band(baseline: Sequence[Run], ours: Sequence[Run], steady) -> dict:
+    """Section 4.4's pre-registered check for DA against CO: training reward (each launch's mean
+    `rollout/reward_mean` over its scored steps, averaged over launches) within 0.005 of the
+    other arm's. A timing verdict is read at equal quality only inside the band."""
+    means = {}
+    for name, arm in (("baseline", baseline), ("ours", ours)):
+        launches = []
+        for run in arm:
+            scored = steady_steps(run, override=steady)
+            if not scored or any(r.get(REWARD_KEY) is None for r in scored):
+                missing = f"{run.run_dir} logs no {REWARD_KEY} on a scored step"
+                return {"verdict": f"training reward band not judged: {missing}"}
+            launches.append(float(np.mean([float(r[REWARD_KEY]) for r in scored])))
+        means[name] = float(np.mean(launches))
+    gap = means["ours"] - means["baseline"]
+    within = abs(gap) <= REWARD_BAND
+    where = "within" if within else "outside"
+    return {
+        **means,
+        "gap": gap,
+        "band": REWARD_BAND,
+        "within": within,
+        "verdict": f"training reward {where} the pre-registered {REWARD_BAND} band "
+        f"(ours - baseline {gap:+.4f}; Section 4.4)",
+    }
 
 
 def headline_ratio(launch_a: Sequence[float], launch_b: Sequence[float]) -> dict:
@@ -328,18 +401,30 @@ def format_comparison(result: dict) -> str:
     for name in ("welch", "paired"):
         if result[name] is not None:
             lines.append(_row(f"{name} (log launches)" if name == "welch" else name, result[name]))
-    h, charged = result["headline"], result["compile_charged"]
-    if charged:
-        lines.append(
-            f"with compile time charged back (scored steps recompile): ratio {charged['ratio']:.3f}"
-        )
+    lines += _compile_lines(result)
+    h = result["headline"]
     lines += [
         f"headline (App. A: launches averaged, geometric-mean ratio): baseline "
         f"{h['baseline_s']:.3f} s, ours {h['ours_s']:.3f} s, ratio {h['ratio']:.3f}",
         "",
         f"verdict: {result['verdict']}",
     ]
+    if "reward_band" in result:
+        lines.append(result["reward_band"]["verdict"])
     return "\n".join(lines)
+
+
+def _compile_lines(result: dict) -> list[str]:
+    charged = result["compile_charged"]
+    if not result["compiles_recorded"]:
+        return ["compile time: not recorded by these runs (no timing/compile_s), none charged back"]
+    if charged is None:
+        return []
+    return [
+        f"with compile time charged back ({charged['compiling_steps']} scored steps compiled: "
+        f"baseline {charged['compile_s']['baseline']:.3f} s, ours "
+        f"{charged['compile_s']['ours']:.3f} s): ratio {charged['ratio']:.3f}"
+    ]
 
 
 def _row(name: str, per_step: dict, per_token: dict | None = None) -> str:

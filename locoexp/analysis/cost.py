@@ -8,6 +8,7 @@ are 95% percentile bootstraps over seeds with the charged checkpoints held fixed
 Table I2's variants: the ratio at each cell's own charged pair, at the same checkpoint (both
 charged at each update of the earlier cell's pair), over the steady segment (update 25 to 275 of
 348, the same shares for other lengths), and its status against the pre-declared 1.25 bar.
+Beside the row, `cli.run_cost` adds Table I6's held-out quality comparison (`quality`).
 Update u is the step record u - 1 (steps count from 0). This module never imports jax.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from locoexp.analysis.quality import format_quality
 from locoexp.analysis.runs import Run
 from locoexp.errors import ConfigError
 from locoexp.metrics.cost import SECONDS_PER_HOUR, CostToLearn, compute_cell_cost_to_learn
@@ -196,4 +198,6 @@ def format_cost(report: dict) -> str:
         ]
     elif "status" in report:
         lines.append(report["status"])
+    if "quality" in report:
+        lines.append(format_quality(report["quality"]))
     return "\n".join(lines)

@@ -11,13 +11,16 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from locoexp.metrics import compiles
+
 
 class StepTimer:
     """Times one step at a time; phases are `with timer.phase("generation"):` blocks inside
     `with timer.step():`. A phase entered twice in one step accumulates; phases do not nest.
 
-    After the step, `metrics()` gives `timing/<phase>_s` for every phase entered, `timing/step_s`
-    and `timing/unaccounted_s = step_s - sum(phases)`.
+    After the step, `metrics()` gives `timing/<phase>_s` for every phase entered, `timing/step_s`,
+    `timing/unaccounted_s = step_s - sum(phases)` and `timing/compile_s`, the seconds of the
+    compile events inside the step (`metrics.compiles`; the timer starts their listener).
     """
 
     def __init__(self):
@@ -25,6 +28,9 @@ class StepTimer:
         self._step_start: float | None = None
         self._step_s: float | None = None
         self._in_phase: str | None = None
+        self._compiled_before = 0.0
+        self._compile_s = 0.0
+        compiles.listen()
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -32,11 +38,13 @@ class StepTimer:
             raise RuntimeError("StepTimer.step() is already open: steps do not nest.")
         self._phases_s = {}
         self._step_s = None
+        self._compiled_before = compiles.total_s()
         self._step_start = time.perf_counter()
         try:
             yield
         finally:
             self._step_s = time.perf_counter() - self._step_start
+            self._compile_s = compiles.total_s() - self._compiled_before
             self._step_start = None
 
     @contextlib.contextmanager
@@ -68,6 +76,7 @@ class StepTimer:
         record = {f"timing/{name}_s": seconds for name, seconds in self._phases_s.items()}
         record["timing/step_s"] = self._step_s
         record["timing/unaccounted_s"] = self._step_s - sum(self._phases_s.values())
+        record[compiles.COMPILE_KEY] = self._compile_s
         return record
 
 

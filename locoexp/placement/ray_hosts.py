@@ -69,10 +69,12 @@ from locoexp.trainer.trainer import Trainer
 
 
 def side_report(report: HalfReport, timer: StepTimer, side: str) -> HalfReport:
-    """A half's report with the actor's timings; its step time is `timing/<side>_s`."""
+    """A half's report with the actor's timings; its step time is `timing/<side>_s`, its compile
+    seconds `timing/<side>_compile_s` (the driver's own `timing/compile_s` would overwrite them)."""
     times = timer.metrics()
     times[f"timing/{side}_host_orchestration_s"] = host_orchestration_s(times)
     times[f"timing/{side}_s"] = times.pop("timing/step_s")
+    times[f"timing/{side}_compile_s"] = times.pop("timing/compile_s")
     del times["timing/unaccounted_s"]
     return HalfReport({**report.metrics, **times}, report.window)
 
