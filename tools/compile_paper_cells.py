@@ -56,6 +56,11 @@ def _set_values(value: Any) -> Any:
     return {k: getattr(v, "value", v) for k, v in kept.items()}
 
 
+# What a program's footprint is read from (`ProgramMemory.footprint`): a cached cell written
+# before XLA-TPU's peak replaced argument + temp is compiled again.
+FOOTPRINT = "xla-tpu peak"
+
+
 def program_key(config: Config) -> str:
     """Cells with equal keys compile the same programs: the config's set values, less the
     keys that change no program. (A change of the code or of a default is not in the key:
@@ -92,6 +97,7 @@ def compile_cell(config: Config) -> dict:
         return {"refused": str(error)}
     plan = result.plan
     return {
+        "footprint": FOOTPRINT,
         "plan": [plan.trainer_peak / GIB, plan.engine_peak / GIB],
         "xla": [result.role_peak("trainer") / GIB, result.role_peak("engine") / GIB],
         "engine_compiled": result.engine_compiled,
@@ -158,6 +164,28 @@ def summary(rows: list[tuple[str, str, dict]]) -> list[str]:
     return lines
 
 
+def cell_figures(experiment, cell, config, done: dict, by_programs: dict, args) -> None:
+    """The cell's figures into `done` (and the cache file): compiled when new, changed since,
+    or written before the footprint was XLA-TPU's peak; cells of equal programs compile once."""
+    key = program_key(config)
+    cached = done.get((experiment, cell, args.layout))
+    if cached is not None and written_with_every_value(cached["key"], config):
+        cached["key"] = key  # written before defaults were left out of the key
+    current = cached is not None and cached["key"] == key
+    if current and (
+        "refused" in cached["figures"] or cached["figures"].get("footprint") == FOOTPRINT
+    ):
+        by_programs.setdefault(key, cached["figures"])
+        return
+    figures = by_programs.get(key) or compile_cell(config)
+    by_programs[key] = figures
+    entry = {"experiment": experiment, "cell": cell, "layout": args.layout}
+    entry |= {"key": key, "figures": figures}
+    done[(experiment, cell, args.layout)] = entry
+    with args.cache.open("a") as cache:
+        cache.write(json.dumps(entry) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiments", nargs="*", default=PAPER_EXPERIMENTS)
@@ -178,7 +206,11 @@ def main() -> None:
         for line in args.cache.read_text().splitlines():
             entry = json.loads(line)
             done[(entry["experiment"], entry["cell"], entry["layout"])] = entry
-    by_programs = {entry["key"]: entry["figures"] for entry in done.values()}
+    by_programs = {
+        entry["key"]: entry["figures"]
+        for entry in done.values()
+        if entry["figures"].get("footprint") == FOOTPRINT
+    }
     print(
         "| experiment | cell | paper | plan GiB trainer / engine | XLA-TPU GiB trainer / engine "
         "| XLA's verdict | compile s |"
@@ -193,19 +225,7 @@ def main() -> None:
             if cell in seen or (args.cells and cell not in args.cells):
                 continue
             seen.add(cell)
-            key = program_key(config)
-            cached = done.get((experiment, cell, args.layout))
-            if cached is not None and written_with_every_value(cached["key"], config):
-                cached["key"] = key  # written before defaults were left out of the key
-                by_programs.setdefault(key, cached["figures"])
-            if cached is None or cached["key"] != key:  # new, or its files changed since
-                figures = by_programs.get(key) or compile_cell(config)
-                by_programs[key] = figures
-                entry = {"experiment": experiment, "cell": cell, "layout": args.layout}
-                entry |= {"key": key, "figures": figures}
-                done[(experiment, cell, args.layout)] = entry
-                with args.cache.open("a") as cache:
-                    cache.write(json.dumps(entry) + "\n")
+            cell_figures(experiment, cell, config, done, by_programs, args)
             figures = with_current_plan(config, done[(experiment, cell, args.layout)]["figures"])
             printed.append((experiment, cell, figures))
             print(row(experiment, cell, figures), flush=True)

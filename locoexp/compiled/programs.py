@@ -53,6 +53,14 @@ class ProgramMemory:
     alias: float  # donated inputs reused as outputs
     temp: float
     seconds: float  # compile time
+    # XLA-TPU's own peak of the program's buffers in HBM (`peak_memory_in_bytes`, arguments
+    # included); 0 where the compile was not for a TPU. XLA-TPU's `temp_size_in_bytes` is not
+    # the heap it lays out: Qwen3-0.6B's GSM8K train step on v7x (8 chips, 28 layers) reports
+    # 72.0 GiB of temporaries where its buffer assignment lays out a 50.4 GiB heap and the
+    # peak reads 49.7, and XLA-TPU compiles SWE's 16-chip step whose temporaries read 100.5
+    # GiB on a 94.75 GiB device (experiments/LOG.md, session 26). On CPU the temporaries are
+    # one buffer the runtime allocates whole, so they stay the figure there.
+    peak: float = 0.0
     flops: float = 0.0  # XLA's cost analysis, per device
     bytes_accessed: float = 0.0
     # XLA-TPU's own refusal when the program cannot fit the device ("Ran out of memory on HBM,
@@ -62,8 +70,9 @@ class ProgramMemory:
 
     @property
     def footprint(self) -> float:
-        """What the program holds at its peak: arguments, outputs not aliased, temporaries."""
-        return self.argument + self.output - self.alias + self.temp
+        """What the program holds at its peak: XLA-TPU's peak where it gives one, else
+        arguments, outputs not aliased and temporaries."""
+        return self.peak or self.argument + self.output - self.alias + self.temp
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,11 +119,11 @@ def _compiled(role: str, name: str, lower, mesh: jax.sharding.Mesh) -> ProgramMe
     key = (role, name, hashlib.sha256(lowered.as_text().encode()).hexdigest(), devices)
     if key in _SEEN:
         return dataclasses.replace(_SEEN[key], seconds=0.0)
-    _SEEN[key] = _compile(role, name, lowered, begin)
+    _SEEN[key] = _compile(role, name, lowered, begin, tpu=devices[0][0] == "tpu")
     return _SEEN[key]
 
 
-def _compile(role: str, name: str, lowered, begin: float) -> ProgramMemory:
+def _compile(role: str, name: str, lowered, begin: float, *, tpu: bool) -> ProgramMemory:
     try:
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as error:  # XLA-TPU refuses what exceeds the device
@@ -131,6 +140,7 @@ def _compile(role: str, name: str, lowered, begin: float) -> ProgramMemory:
         alias=m.alias_size_in_bytes,
         temp=m.temp_size_in_bytes,
         seconds=seconds,
+        peak=float(m.peak_memory_in_bytes) if tpu else 0.0,
         flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
     )

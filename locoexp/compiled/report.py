@@ -120,6 +120,12 @@ def _advice(setup: Setup, role: str, roles, confirmed) -> str:
     return advice
 
 
+def _footprint_source(result: CompiledRun) -> str:
+    if any(p.peak for p in result.programs):
+        return " (footprint: XLA-TPU's peak of the program's buffers, not argument + temp)"
+    return " (footprint: argument + output - alias + temp)"
+
+
 def describe_compiled(result: CompiledRun, setup: Setup, confirmed=None) -> str:
     """The whole report of one run."""
     m = setup.model
@@ -127,7 +133,7 @@ def describe_compiled(result: CompiledRun, setup: Setup, confirmed=None) -> str:
     head = (
         f"compiled for {result.target} ({setup.hardware.devices} devices) with {xla}: "
         f"{m.name}, {_depth(result, m.num_layers)}; GiB per device, peak = footprint + state "
-        f"alive beside it; {result.compile_seconds:.0f} s of compiles"
+        f"alive beside it{_footprint_source(result)}; {result.compile_seconds:.0f} s of compiles"
     )
     return "\n".join([head, *_rows(result), verdict_line(result, setup, confirmed)])
 

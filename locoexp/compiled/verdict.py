@@ -42,7 +42,7 @@ from locoexp.planner.fit import check_expert_parallel
 from locoexp.planner.plan import Plan, capacity_bytes, machine_total, shared_memory
 from locoexp.session.build import build_settings, plan_setup
 
-_SIZES = ("argument", "output", "alias", "temp", "flops", "bytes_accessed")
+_SIZES = ("argument", "output", "alias", "temp", "peak", "flops", "bytes_accessed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,6 +132,8 @@ def at_depth(cut: list[ProgramMemory], wider: list[ProgramMemory], cuts, layers:
             k: max(getattr(p, k) + (getattr(q, k) - getattr(p, k)) * (layers - a) / (b - a), 0.0)
             for k in _SIZES
         }
+        if not (p.peak and q.peak):  # XLA-TPU's peak on one cut only: neither is read
+            scaled["peak"] = 0.0
         # a cut XLA refused: the deeper model needs more (its temporaries are a lower bound)
         refusal = q.refusal or p.refusal
         seconds = p.seconds + q.seconds
