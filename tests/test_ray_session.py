@@ -26,10 +26,10 @@ from cli_runs import assert_loopback_only
 from step_loop_reference import overrides_of
 
 from locoexp.errors import ConfigError
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.layout import Layout
+from locoexp.layout import Layout, PlacementKind
 from locoexp.placement.ray_hosts import TrainerHost
 from locoexp.placement.ray_session import keep_ray_on_loopback, ray_session, watchdog
+from locoexp.placement.ray_spec import RaySpec
 from locoexp.placement.ray_transport import RayActors
 from locoexp.placement.ray_watchdog import cluster_processes
 
@@ -147,7 +147,7 @@ def local_session() -> SimpleNamespace:
         patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "1")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
         before = switch()
-        with ray_session(layout(bind_address="127.0.0.1")):
+        with ray_session(layout(bind_address="127.0.0.1"), RaySpec()):
             during = switch()
             session_dir = os.path.realpath(ray._private.worker._global_node.get_session_dir_path())
             # an actor started after the switch was put back (the raylet keeps it for them)

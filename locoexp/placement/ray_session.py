@@ -29,12 +29,13 @@ from typing import Any
 
 import ray
 
+from locoexp.layout import Layout
 from locoexp.placement import ray_watchdog
-from locoexp.placement.layout import Layout
+from locoexp.placement.ray_spec import RaySpec
 
 
 @contextlib.contextmanager
-def ray_session(layout: Layout) -> Iterator[None]:
+def ray_session(layout: Layout, cluster: RaySpec) -> Iterator[None]:
     """Ray for the run, connected or started, until `ray.shutdown()` (module docstring)."""
     options: dict[str, Any] = dict(
         include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True
@@ -42,11 +43,11 @@ def ray_session(layout: Layout) -> Iterator[None]:
     if layout.bind_address is not None:
         options["_node_ip_address"] = layout.bind_address
     try:
-        if layout.ray_address is not None:
-            ray.init(address=layout.ray_address, **options)
+        if cluster.joined:
+            ray.init(address=cluster.address, **options)
             yield
         else:
-            _start_local(layout, options)
+            _start_local(layout, cluster, options)
             node = ray._private.worker._global_node
             assert node is not None, "ray.init has started this driver's node"
             with watchdog(node.get_session_dir_path()):
@@ -58,9 +59,9 @@ def ray_session(layout: Layout) -> Iterator[None]:
         ray.shutdown()
 
 
-def _start_local(layout: Layout, options: dict) -> None:
-    if layout.object_store_bytes is not None:
-        options = {**options, "object_store_memory": layout.object_store_bytes}
+def _start_local(layout: Layout, cluster: RaySpec, options: dict) -> None:
+    if cluster.object_store_bytes is not None:
+        options = {**options, "object_store_memory": cluster.object_store_bytes}
     address = layout.bind_address
     loopback = address is not None and ipaddress.ip_address(address).is_loopback
     restore = keep_ray_on_loopback() if loopback else None

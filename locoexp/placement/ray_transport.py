@@ -45,6 +45,7 @@ import ray
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.errors import ConfigError, RunFailed
+from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
@@ -56,11 +57,11 @@ from locoexp.placement.halves import (
     TrainerHalf,
     TrainResult,
 )
-from locoexp.placement.layout import Layout
 from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
 from locoexp.placement.ray_hosts import Hosts, start_hosts
 from locoexp.placement.ray_session import ray_session
+from locoexp.placement.ray_spec import RaySpec
 from locoexp.placement.saved_batches import (
     clear_batches,
     load_batches,
@@ -330,6 +331,7 @@ def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = Fa
 @contextlib.contextmanager
 def ray_actors(
     layout: Layout,
+    cluster: RaySpec,
     *,
     build_rollout: Callable[..., RolloutHalf],
     build_trainer: Callable[..., TrainerHalf],
@@ -343,11 +345,12 @@ def ray_actors(
     cannot fetch the weights that host published) is reported as that trainer host's death."""
     hosts = Hosts()
     try:
-        with ray_session(layout):
+        with ray_session(layout, cluster):
             try:
                 start_hosts(
                     hosts,
                     layout,
+                    cluster,
                     build_rollout=build_rollout,
                     build_trainer=build_trainer,
                     freeze=freeze_gc,
@@ -357,8 +360,8 @@ def ray_actors(
                     hosts=hosts,
                     ledger=ledger,
                     run_dir=run_dir,
-                    rollout_restarts=layout.rollout_restarts,
-                    restart_timeout_s=layout.rollout_restart_timeout_s,
+                    rollout_restarts=cluster.rollout_restarts,
+                    restart_timeout_s=cluster.rollout_restart_timeout_s,
                 )
             except ray.exceptions.RayError:
                 dead = dead_trainer(hosts.trainers)

@@ -1,6 +1,6 @@
 """The memory plan of a run: roles on devices, resolved micro-batch and wave sizes, the fit.
 
-It owns the two roles' shapes on the hardware (who runs where is `placement.layout.Layout`),
+It owns the two roles' shapes on the hardware (who runs where is `locoexp.layout.Layout`),
 the resolution of `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values
 that fit, and the verdict. It reads sub-configs and scalars, never the root config, and never
 allocates.
@@ -23,9 +23,9 @@ import os
 from locoexp.adapter.config import AdapterConfig, adapted_targets
 from locoexp.dataset.config import DatasetConfig
 from locoexp.hardware.config import HardwareConfig
+from locoexp.layout import Layout
 from locoexp.model.config import ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
-from locoexp.placement.layout import Layout
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
 from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler

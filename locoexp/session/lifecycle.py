@@ -44,7 +44,6 @@ from locoexp.placement.build import (
     build_checked_task,
     open_in_process,
 )
-from locoexp.placement.config import PlacementKind
 from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.loop import NOTHING_PUBLISHED, LoopClock, drive
 from locoexp.placement.transport import Transport
@@ -96,7 +95,7 @@ def open_transport(
 ) -> Iterator[Transport]:
     """The placement's transport, stopped (every actor and Ray, under `da`) when the run ends."""
     halves, run_dir = spec.halves, survival.run_dir
-    if spec.layout.kind is not PlacementKind.da:
+    if spec.layout.colocated:
         admissions = run_dir / "admission"
         with open_in_process(
             halves, task=task, schedule=schedule, timer=timer, admission_dir=admissions
@@ -110,8 +109,10 @@ def open_transport(
     rows = restored.ledger if restored else ()
     path, bound = run_dir / "batches.jsonl", spec.layout.staleness
     ledger = BatchLedger(schedule, ids, path, max_staleness=bound, rows=rows)
+    assert spec.ray is not None, "a disaggregated layout's spec holds its Ray cluster"
     with ray_actors(
         spec.layout,
+        spec.ray,
         build_rollout=functools.partial(build_actor_rollout_half, halves, schedule=schedule),
         build_trainer=functools.partial(build_actor_trainer_half, halves),
         freeze_gc=spec.loop.freeze_gc,
