@@ -15,7 +15,7 @@ asks the kind. A jax-free leaf: it imports nothing of locoexp but `errors`.
 - `da` (LoCoJAX-DA): one Ray actor per host; split x H hosts train as their own
   `jax.distributed` group, the others generate at most `placement.max_staleness` steps stale
   (the paper's 1), each at its own pace within that bound. Ray's own knobs (its address, the
-  restarts, the object store) are the Ray transport's (`placement.ray_spec.RaySpec`), not here.
+  restarts, the object store) are the Ray transport's (`placement.ray.spec.RaySpec`), not here.
 """
 
 import dataclasses

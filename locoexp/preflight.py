@@ -62,7 +62,7 @@ from locoexp.layout import Layout
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
-from locoexp.placement.ray_spec import RaySpec
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.planner import describe_plan
 from locoexp.planner.fit import resolve_plan
 from locoexp.planner.report import summarize_plan

@@ -14,9 +14,9 @@ from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.halves import HalfReport, Published, TrainResult, Window
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.loop import StepLoop
 from locoexp.placement.multihost import HostGroup
+from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.placement.settings import LoopPlan
 from locoexp.rollout.straggler import StragglerConfig, injected_delay_s, slowed_host
 

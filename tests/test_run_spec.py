@@ -74,11 +74,11 @@ def _members(cls) -> set[str]:
     return {n for n, _ in inspect.getmembers(cls) if not n.startswith("_")}
 
 
-@pytest.mark.parametrize("module", ["inprocess", "ray_transport"])
+@pytest.mark.parametrize("module", ["inprocess", "ray.transport"])
 def test_every_transport_offers_the_whole_protocol(module):
     import importlib  # noqa: PLC0415
 
-    cls = {"inprocess": "InProcess", "ray_transport": "RayActors"}[module]
+    cls = {"inprocess": "InProcess", "ray.transport": "RayActors"}[module]
     transport = getattr(importlib.import_module(f"locoexp.placement.{module}"), cls)
     wanted = _members(Transport) - _members(object)
     assert {"restore", "checkpoint", "export", "group"} <= wanted

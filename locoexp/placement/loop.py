@@ -6,7 +6,7 @@ Design note.
   `Published(version)`). Algorithm 1's phases inside them are `phases.py`'s functions.
 - Transports carry batches and results between the halves: `InProcess` (`inprocess.py`): both
   halves in this process and every host runs this loop (`co`: one process per host, its own
-  share; `single_controller`: one process over every device); `RayActors` (`ray_transport.py`):
+  share; `single_controller`: one process over every device); `RayActors` (`ray/transport.py`):
   Ray actors wrap the same halves and only the driver runs this loop (`da`).
 - Staleness s (`placement.max_staleness` under `da`, the paper's 1): batch t is sampled with the
   weights of an update >= t-s; before step t trains, every batch through t+s is started with the

@@ -4,7 +4,7 @@ state travel between them. Every placement's transport satisfies it, and the loo
 
 - `InProcess` (`inprocess.py`): both halves in this process; every host runs the loop (`co`,
   `single_controller`).
-- `RayActors` (`ray_transport.py`): the halves in Ray actors; the driver alone runs the loop
+- `RayActors` (`ray/transport.py`): the halves in Ray actors; the driver alone runs the loop
   (`da`).
 
 The step's calls: `start_*` hand work over, `collect_*` wait for it (idempotent) and time their

@@ -264,7 +264,7 @@ def machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication
 
 
 def object_store_bytes(publication: int) -> int:
-    """The object store a local `da` run starts Ray with (`ray_hosts.start_ray`), sized to the
+    """The object store a local `da` run starts Ray with (`placement.ray.session`), sized to the
     published versions it must hold. Left at Ray's default (30% of the machine's memory) the
     store's shared memory grew by a version per step until full: a 90M-parameter model's
     float32 versions (0.36 GB each) took /dev/shm to 5.4 GB in 30 steps (experiments/LOG.md,

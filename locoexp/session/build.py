@@ -11,7 +11,7 @@ from locoexp.checkpoint.progress import config_digest
 from locoexp.compiled.startup import judged
 from locoexp.config import Config
 from locoexp.model.config import DType
-from locoexp.placement.ray_spec import RaySpec
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
 from locoexp.planner import Setup, check_fit, resolved_micro_batch_rows
 from locoexp.planner.estimate import publication_bytes

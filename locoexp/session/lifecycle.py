@@ -44,8 +44,8 @@ from locoexp.placement.build import (
     build_checked_task,
     open_in_process,
 )
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.loop import NOTHING_PUBLISHED, LoopClock, drive
+from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.placement.transport import Transport
 from locoexp.session.spec import RunSpec
 
@@ -102,7 +102,7 @@ def open_transport(
         ) as transport:
             yield transport
         return
-    from locoexp.placement.ray_transport import ray_actors  # noqa: PLC0415  (Ray: da only)
+    from locoexp.placement.ray.transport import ray_actors  # noqa: PLC0415  (Ray: da only)
 
     restored = survival.restored
     ids = [e.id for e in task.train]
@@ -147,7 +147,8 @@ def drive_session(spec, files, hooks, timer, start_time, published) -> dict[str,
             extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
-            # under da the actors trace (`ray_hosts.side_profile`); the driver has no devices
+            # under da the actors trace (`placement.ray.hosts.side_profile`); the driver has no
+            # devices
             profiler=StepProfiler(
                 Path(files.run_dir),
                 spec.profile_steps if spec.layout.colocated else frozenset(),

@@ -6,7 +6,7 @@ Frozen and jax-free, so start-up checks (`locoexp.preflight`), the dry run, tool
 
 - `layout`: who runs where (`locoexp.layout.Layout`: hosts, processes, devices, roles,
   staleness, where the processes meet);
-- `ray`: the Ray cluster of a disaggregated layout (`placement.ray_spec.RaySpec`: its address,
+- `ray`: the Ray cluster of a disaggregated layout (`placement.ray.spec.RaySpec`: its address,
   restarts, object store), read by the Ray transport alone; None when colocated;
 - `loop`: the step loop's plan (steps, staleness, evaluation, O1/O2, cost-to-learn);
 - `halves`: what builds the two halves of a step (their sub-configs and step settings, with the
@@ -23,7 +23,7 @@ import dataclasses
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.layout import Layout
 from locoexp.metrics.config import LoggerConfig
-from locoexp.placement.ray_spec import RaySpec
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan
 
 

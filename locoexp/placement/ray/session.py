@@ -1,5 +1,5 @@
 """The run's Ray under `placement=da`: connected or started for the run, stopped with it, and
-nothing of it left once the driver is gone. It starts no actor (`ray_hosts.py` does).
+nothing of it left once the driver is gone. It starts no actor (`hosts.py` does).
 
 - A joined cluster (`placement.ray_address`): the driver connects and disconnects; the
   cluster's processes are not the run's, and nothing here touches them.
@@ -13,7 +13,7 @@ nothing of it left once the driver is gone. It starts no actor (`ray_hosts.py` d
   keep it: the raylet hands its environment to every worker it starts), then put back with
   Ray's constant: a later run in the same process, on a joined cluster, sees Ray's multi-node
   default (a leaked switch turned multi-node off for it).
-- A local cluster has a watchdog (`ray_watchdog.py`): once the driver ends the session, or dies
+- A local cluster has a watchdog (`watchdog.py`): once the driver ends the session, or dies
   (SIGKILL included), it stops every process of the cluster (those writing into its session
   directory), so no agent or actor of the run stays behind for Ray's minute.
 """
@@ -30,8 +30,8 @@ from typing import Any
 import ray
 
 from locoexp.layout import Layout
-from locoexp.placement import ray_watchdog
-from locoexp.placement.ray_spec import RaySpec
+from locoexp.placement.ray import watchdog as ray_watchdog
+from locoexp.placement.ray.spec import RaySpec
 
 
 @contextlib.contextmanager
@@ -74,7 +74,7 @@ def _start_local(layout: Layout, cluster: RaySpec, options: dict) -> None:
 
 @contextlib.contextmanager
 def watchdog(session_dir: str) -> Iterator[None]:
-    """A `ray_watchdog` process for the local cluster of `session_dir`. When the block ends
+    """A `watchdog.py` process for the local cluster of `session_dir`. When the block ends
     (after `ray.shutdown()`) it stops what is left of the cluster, waited for here; if this
     process dies, at once."""
     process = subprocess.Popen(

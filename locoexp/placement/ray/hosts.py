@@ -12,14 +12,14 @@
 Lifetimes (issue 13, runs that survive): a rollout host holds nothing that is not rebuilt from
 the config and the published weights, so Ray restarts its actor after its process dies
 (`max_restarts=placement.rollout_restarts`; `__init__` runs again and builds a fresh half); the
-driver then asks it for the lost work again (`ray_transport.py`). A trainer host holds the
+driver then asks it for the lost work again (`transport.py`). A trainer host holds the
 training state, which only a checkpoint restores, so it is never restarted.
 
 The halves come from the factories of a `locoexp.session.RunSpec`, which Ray ships to the
 actors; this module never reads a config and never decides the schedule (`loop.py` does).
 Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_per_host`.
 
-Ray itself (a local cluster, or a joined one) is started and stopped by `ray_session.py`.
+Ray itself (a local cluster, or a joined one) is started and stopped by `session.py`.
 """
 
 import contextlib
@@ -64,7 +64,7 @@ from locoexp.placement.launch import (
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.placement.phases import load_into_engine
-from locoexp.placement.ray_spec import RaySpec
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 

@@ -1,5 +1,5 @@
 """The Ray transport (`placement=da`, LoCoJAX-DA, Sections 2 and 4.4): the loop runs in a Ray
-driver and the halves in actors (`ray_hosts.py`), with staleness s (`placement.max_staleness`,
+driver and the halves in actors (`hosts.py`), with staleness s (`placement.max_staleness`,
 the paper's 1).
 
 Step t: start every batch through t+s not yet started with the newest published weights (those
@@ -12,17 +12,17 @@ batch trained at that step, trainer-side ones (`transfer`, `pack`, `train`, `pub
 `trainer`) of that step; `timing/step_s` is the driver's period. The driver checks that every
 batch is trained exactly once with the scheduled prompts (`BatchLedger`, `batches.jsonl`).
 Every actor and Ray itself stop when the run ends or fails, or when the driver dies
-(`ray_session.py`).
+(`session.py`).
 
 Runs that survive (issue 13):
-- A rollout host whose process dies is restarted by Ray (`ray_hosts.py`); the driver sees the
+- A rollout host whose process dies is restarted by Ray (`hosts.py`); the driver sees the
   actor's error where it waits for that host's report, waits for the restart and asks it again
   for the same step with the same `Published` the lost call had (with staleness 1, batch t+1's
   weights are those after step t-1, not the newest), so the regenerated batch is the lost one
   (same prompts, sampling key and weights). The ledger records the restart; past the host's
   budget the run ends with one sentence (`RunFailed`). Evaluation is redone the same way.
 - A node lost whole (issue 31): its rollout hosts restart on another node with a free CPU
-  (`ray_hosts.host_places`) and are asked again as above; a restart that Ray cannot place within
+  (`hosts.host_places`) and are asked again as above; a restart that Ray cannot place within
   `placement.rollout_restart_timeout_s` ends the run with one sentence, never a wait without end.
 - A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
   does not wait for its peers, which may be blocked in a collective with it.
@@ -57,17 +57,17 @@ from locoexp.placement.halves import (
     TrainerHalf,
     TrainResult,
 )
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
-from locoexp.placement.ray_hosts import Hosts, start_hosts
-from locoexp.placement.ray_session import ray_session
-from locoexp.placement.ray_spec import RaySpec
-from locoexp.placement.saved_batches import (
+from locoexp.placement.ray.hosts import Hosts, start_hosts
+from locoexp.placement.ray.ledger import BatchLedger
+from locoexp.placement.ray.saved_batches import (
     clear_batches,
     load_batches,
     prune_batches,
     save_batches,
 )
+from locoexp.placement.ray.session import ray_session
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
