@@ -68,6 +68,7 @@ from locoexp.placement.ray.saved_batches import (
 )
 from locoexp.placement.ray.session import ray_session
 from locoexp.placement.ray.spec import RaySpec
+from locoexp.placement.ray.terms import ScheduleTerms
 from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
@@ -105,6 +106,8 @@ class RayActors:
     # restarts per rollout host in this attempt (Ray's budget is per actor; the ledger's rows
     # also hold an earlier attempt's)
     restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # the windows Eq. 4's A and the overlap are measured from, until each step's record is out
+    terms: ScheduleTerms = dataclasses.field(default_factory=ScheduleTerms)
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout:
         """Batch `step` on every rollout host (or from a resumed run's checkpoint). Each host
@@ -138,6 +141,7 @@ class RayActors:
         same prompts and sampling key; the weights the lost batch was started with)."""
         with timer.phase("trainer_idle") if timer else contextlib.nullcontext():
             reports = [self._report(pending, host) for host in range(len(pending.calls))]
+        self.terms.reports[pending.step] = reports
         # A batch ref outlives its actor: the generate call returned (its report is here), so
         # the batch is owned by this driver and sits in this driver (small) or in the node's
         # object store (large), neither of which dies with the actor's worker process. Only a
@@ -202,6 +206,7 @@ class RayActors:
             results = self._from_trainers(refs, during=f"step {step}")
         self.ledger.record(results[0])
         self.in_flight.pop(step, None)
+        self.terms.trained[step] = results
         return results
 
     def _from_trainers(self, refs: list, *, during: str) -> list:
@@ -224,8 +229,15 @@ class RayActors:
         return ray.get(refs)
 
     def exchange(self, record: dict) -> list[dict]:
-        # the driver already holds every host's report; it adds how often rollout hosts restarted
-        return [{**record, "da/rollout_restarts": self.ledger.restarts()}]
+        """The driver already holds every host's report; it adds what its stale schedule
+        measured (Eq. 4's A, the overlap with batch t+1's rollout: `terms.py`; batch t+1 is
+        waited for here where the loop has not yet) and how often rollout hosts restarted."""
+        step = int(record["step"])
+        following = self.in_flight.get(step + 1)
+        if following is not None and step + 1 not in self.terms.reports:
+            self.collect_rollout(following, None)
+        terms = self.terms.record_of(step)
+        return [{**record, **terms, "da/rollout_restarts": self.ledger.restarts()}]
 
     def evaluate(self, published: Published, *, limit: int | None) -> float:
         """Held-out accuracy of `published`, each rollout host scoring its share (a restarted
