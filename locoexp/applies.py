@@ -30,9 +30,9 @@ from locoexp.adapter.config import AdapterKind
 from locoexp.algo.config import AdvantageKind
 from locoexp.dataset.config import DatasetKind
 from locoexp.errors import require
+from locoexp.layout import Layout, PlacementKind
 from locoexp.metrics.config import LoggerKind
 from locoexp.model.config import AttentionKind, Family
-from locoexp.placement.config import PlacementKind
 from locoexp.rollout.config import EngineKind, KVCacheKind
 
 
@@ -48,8 +48,7 @@ class RunTraits:
     kv_cache: KVCacheKind  # rollout.kv_cache (the JAX engine's)
     dataset: DatasetKind
     local_files: bool  # dataset.data_files: the rows come from local files, not the Hub
-    placement: PlacementKind
-    hosts: int  # resolved (`Config.hosts`)
+    layout: Layout  # who runs where (`Config.layout`, its hosts resolved)
     tpu: bool  # hardware.chip is a TPU
     cluster_launched: bool  # hardware.coordinator_address: a cluster starts the hosts
     attention: AttentionKind
@@ -59,19 +58,28 @@ class RunTraits:
     straggler: bool  # rollout.straggler slows a host (delay_s > 0 or factor > 1)
 
     @property
-    def colocated(self) -> bool:
-        """Every host trains and generates (co, single_controller)."""
-        return self.placement is not PlacementKind.da
+    def placement(self) -> PlacementKind:
+        """The placement's name, for the sentences; the predicates ask the layout."""
+        return self.layout.kind
 
     @property
-    def stale(self) -> bool:
-        """Rollout hosts of their own sample with older weights (da)."""
-        return self.placement is PlacementKind.da
+    def hosts(self) -> int:
+        return self.layout.hosts
+
+    @property
+    def colocated(self) -> bool:
+        """Every host trains and generates (co, single_controller)."""
+        return self.layout.colocated
+
+    @property
+    def disaggregated(self) -> bool:
+        """Trainer hosts and rollout hosts apart, Ray actors of one driver (da)."""
+        return self.layout.disaggregated
 
     @property
     def host_group(self) -> bool:
-        """One process per host, several hosts, joined by jax.distributed (co, H > 1)."""
-        return self.placement is PlacementKind.co and self.hosts > 1
+        """Several processes, one per host, joined by jax.distributed (co, H > 1)."""
+        return self.layout.processes > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +173,7 @@ JAX_COLOCATED = When(
     lambda r: r.engine is EngineKind.jax and r.colocated,
     _engine_and_placement,
 )
-DA = When("placement=da", lambda r: r.stale, _placement)
+DA = When("placement=da", lambda r: r.disaggregated, _placement)
 COLOCATED = When(
     "placement=co or single_controller (under da the hosts report to the Ray driver and share "
     "no per-host metrics barrier)",
@@ -181,13 +189,13 @@ LAUNCHER_PORT = When(
     "the jax.distributed coordinator this run starts: the local launcher's (hardware=cpu, "
     "placement=co, hardware.hosts > 1, no hardware.coordinator_address) and the placement=da "
     "trainer group's",
-    lambda r: r.stale or (r.host_group and not r.tpu and not r.cluster_launched),
+    lambda r: r.disaggregated or (r.host_group and not r.tpu and not r.cluster_launched),
     _placement,
 )
 LISTENS = When(
     "runs whose processes listen for each other (placement=co with hardware.hosts > 1, or "
     "placement=da)",
-    lambda r: r.stale or r.host_group,
+    lambda r: r.disaggregated or r.host_group,
     _placement,
 )
 CLUSTER_GROUP = When(

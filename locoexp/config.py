@@ -17,12 +17,12 @@ from locoexp.algo.config import AlgoConfig
 from locoexp.applies import RunTraits, refuse_unread_keys
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.dataset.config import DatasetConfig
-from locoexp.errors import ConfigError, require
+from locoexp.errors import require
 from locoexp.hardware.config import ChipKind, HardwareConfig
-from locoexp.hardware.hosts import minimal_hosts, show_splits, trainer_hosts
+from locoexp.layout import Layout, build_layout, minimal_hosts
 from locoexp.metrics.config import LoggerConfig
 from locoexp.model.config import ModelConfig
-from locoexp.placement.config import OptConfig, PlacementConfig, PlacementKind
+from locoexp.placement.config import OptConfig, PlacementConfig
 from locoexp.rollout.config import KVCacheKind, RolloutConfig
 from locoexp.trainer.config import TrainerConfig, check_attention_backend, check_remat_backend
 
@@ -134,8 +134,26 @@ class Config:
         placement and split need. Resolved here, never written back into `hardware`."""
         if self.hardware.hosts is not None:
             return self.hardware.hosts
-        return minimal_hosts(
-            disaggregated=self.placement.kind is PlacementKind.da, split=self.split
+        return minimal_hosts(self.placement.kind, split=self.split)
+
+    @property
+    def layout(self) -> Layout:
+        """Who runs where: the placement on the resolved hosts, and where the processes meet
+        (a joined Ray cluster spans machines, so it listens beyond loopback). Refuses a `da`
+        split that gives no whole host counts."""
+        hw, placement = self.hardware, self.placement
+        return build_layout(
+            placement.kind,
+            hosts=self.hosts,
+            devices_per_host=hw.devices_per_host,
+            split=self.split,
+            max_staleness=placement.max_staleness,
+            cpu=hw.chip is ChipKind.cpu,
+            coordinator_port=hw.coordinator_port,
+            bind_address=hw.listen_address(multi_machine=placement.ray_address is not None),
+            coordinator_address=hw.coordinator_address,
+            process_id=hw.process_id,
+            coordinator_timeout_s=hw.coordinator_timeout_s,
         )
 
     @property
@@ -156,8 +174,7 @@ class Config:
             kv_cache=self.rollout.kv_cache,
             dataset=self.dataset.kind,
             local_files=self.dataset.data_files is not None,
-            placement=self.placement.kind,
-            hosts=self.hosts,
+            layout=self.layout,
             tpu=self.hardware.chip is not ChipKind.cpu,
             cluster_launched=self.hardware.cluster_launched,
             attention=self.trainer.attention,
@@ -183,53 +200,30 @@ class Config:
         )
 
     def _check_straggler(self) -> None:
-        """`rollout.straggler.host` names one of the run's rollout hosts: every host under co,
+        """`rollout.straggler.host` names one of the run's rollout engines: every host under co,
         the single controller's one process, the rollout hosts under da."""
-        host, hosts, kind = self.rollout.straggler.host, self.hosts, self.placement.kind
-        match kind:
-            case PlacementKind.da:
-                rollout_hosts = hosts - self._da_trainer_hosts(hosts)
-            case PlacementKind.single_controller:
-                rollout_hosts = 1
-            case PlacementKind.co:
-                rollout_hosts = hosts
+        host, layout = self.rollout.straggler.host, self.layout
         require(
-            host is None or host < rollout_hosts,
-            f"rollout.straggler.host={host} is not one of the {rollout_hosts} rollout hosts of "
-            f"placement={kind.value} (valid: 0..{rollout_hosts - 1}, or null for a seeded draw).",
+            host is None or host < layout.engines,
+            f"rollout.straggler.host={host} is not one of the {layout.engines} rollout hosts of "
+            f"placement={layout.kind.value} (valid: 0..{layout.engines - 1}, or null for a "
+            "seeded draw).",
         )
 
     def _check_placement(self) -> None:
-        """Split and batch shapes per placement: whole GRPO groups per rollout host."""
-        hosts, kind = self.hosts, self.placement.kind
-        if kind is PlacementKind.co:
-            require(
-                self.dataset.prompts_per_step % hosts == 0,
-                f"dataset.prompts_per_step={self.dataset.prompts_per_step} must be divisible by "
-                f"hardware.hosts={hosts}: each host admits whole GRPO groups (Algorithm 1).",
-            )
-        if kind is PlacementKind.da:
-            self._check_da_split(hosts)
+        """Batch shapes per layout: whole GRPO groups per rollout engine."""
+        layout, prompts = self.layout, self.dataset.prompts_per_step
+        # colocated: each engine admits the same whole GRPO groups (Algorithm 1)
+        require(
+            layout.disaggregated or prompts % layout.engines == 0,
+            f"dataset.prompts_per_step={prompts} must be divisible by "
+            f"hardware.hosts={layout.engines}: each host admits whole GRPO groups (Algorithm 1).",
+        )
+        if layout.disaggregated:
+            self._check_da_batch(layout)
 
-    def _da_trainer_hosts(self, hosts: int) -> int:
-        """placement=da's trainer hosts: `split` of `hosts`, refused unless whole and non-zero."""
-        shown = show_splits(hosts)
-        if self.split is None:
-            raise ConfigError(
-                f"placement=da needs split=<the trainer's share of hosts>; valid splits for "
-                f"{hosts} hosts: {shown}."
-            )
-        trainers = trainer_hosts(self.split, hosts)
-        if trainers is None:
-            raise ConfigError(
-                f"split={self.split} with hardware.hosts={hosts} does not give whole, non-zero "
-                f"trainer and rollout host counts; valid splits for {hosts} hosts: {shown}."
-            )
-        return trainers
-
-    def _check_da_split(self, hosts: int) -> None:
-        trainers = self._da_trainer_hosts(hosts)
-        rollouts, d = hosts - trainers, self.dataset
+    def _check_da_batch(self, layout: Layout) -> None:
+        trainers, rollouts, d = layout.trainer_hosts, layout.rollout_hosts, self.dataset
         # Each rollout host admits floor or ceil of P/R whole GRPO groups (`phases.
         # split_across_hosts`): the paper's 0.25 and 0.125 splits leave 3H/4 or 7H/8 rollout hosts,
         # which never divide 128 or 256 prompts (Table F1, Section 4.4), and ran that way.

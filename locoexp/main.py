@@ -18,7 +18,6 @@ from locoexp.checkpoint.state import latest_saved_step
 from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped
 from locoexp.config import Config, DryRun
 from locoexp.metrics.run_output import RunFiles
-from locoexp.placement.config import PlacementKind
 from locoexp.placement.launch import (
     configure_cpu_devices,
     initialize_distributed,
@@ -51,7 +50,7 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
     """Start the run's processes and run the session in each: local host processes on CPU, this
     process on a TPU host (joined to its slice) or as the `da` Ray driver."""
     layout = spec.layout
-    if layout.kind is PlacementKind.da:  # a Ray driver starts the hosts as actors
+    if layout.disaggregated:  # a Ray driver starts the hosts as actors
         return run_session(spec, files)
     processes, devices = layout.processes, layout.devices_per_process
     local = layout.cpu and layout.process_id is None  # not one host of a cluster-started group

@@ -12,8 +12,8 @@ from locoexp.compose import compose_config
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError
 from locoexp.placement.halves import HalfReport, RolloutBatch, TrainResult, Window
-from locoexp.placement.ledger import BatchLedger
-from locoexp.placement.saved_batches import (
+from locoexp.placement.ray.ledger import BatchLedger
+from locoexp.placement.ray.saved_batches import (
     BATCH_DIR,
     batch_path,
     clear_batches,

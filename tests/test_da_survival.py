@@ -34,9 +34,9 @@ from locoexp.compose import compose_config
 from locoexp.errors import RunFailed
 from locoexp.main import run as run_grpo
 from locoexp.metrics.run_records import read_metrics_jsonl
-from locoexp.placement.ray_session import keep_ray_on_loopback
-from locoexp.placement.ray_transport import RayActors
-from locoexp.placement.saved_batches import batch_path
+from locoexp.placement.ray.saved_batches import batch_path
+from locoexp.placement.ray.session import keep_ray_on_loopback
+from locoexp.placement.ray.transport import RayActors
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

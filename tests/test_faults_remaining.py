@@ -43,7 +43,7 @@ from locoexp.metrics.wandb_logger import check_room
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
 from locoexp.placement.admission import AdmissionLog, AdmissionRecord
-from locoexp.placement.ledger import BatchLedger
+from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.preflight import check_run, start_up_warnings
 from locoexp.session.build import build_spec
 from locoexp.tokenizer.digits import DigitTokenizer

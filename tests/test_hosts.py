@@ -7,8 +7,8 @@ from locoexp.config import Config
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import HardwareConfig
-from locoexp.hardware.hosts import show_splits
-from locoexp.placement.config import PlacementConfig, PlacementKind
+from locoexp.layout import PlacementKind, show_splits
+from locoexp.placement.config import PlacementConfig
 
 DA = PlacementConfig(kind=PlacementKind.da)
 

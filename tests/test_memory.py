@@ -10,10 +10,9 @@ from model_options import load_model_option
 from locoexp.dataset.config import DatasetConfig
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind, HardwareConfig
+from locoexp.layout import Layout, PlacementKind, build_layout
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.layout import Layout, build_layout
 from locoexp.planner import (
     Setup,
     check_fit,

@@ -14,9 +14,10 @@ from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError
 from locoexp.metrics.timing import StepTimer
 from locoexp.placement.halves import HalfReport, Published, TrainResult, Window
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.loop import StepLoop
 from locoexp.placement.multihost import HostGroup
+from locoexp.placement.ray.ledger import BatchLedger
+from locoexp.placement.ray.terms import ScheduleTerms
 from locoexp.placement.settings import LoopPlan
 from locoexp.rollout.straggler import StragglerConfig, injected_delay_s, slowed_host
 
@@ -99,6 +100,31 @@ def test_batches_start_up_to_the_bound_ahead_with_weights_never_older_than_it(st
     assert [r["train/staleness_steps"] for r in records] == [
         min(step, staleness) for step in range(steps)
     ]
+
+
+def test_the_ray_transports_terms_are_eq4s_a_and_the_overlap_with_the_next_batch():
+    def hosts(*windows):
+        return [HalfReport({}, Window(*w)) for w in windows]
+
+    def trained(start, end):
+        report = HalfReport({}, Window(start, end))
+        return [TrainResult(step=0, published=None, example_ids=(), versions=(0,), windows=(),
+                            exchanged=None, report=report)]  # fmt: skip
+
+    terms = ScheduleTerms()
+    terms.reports[0] = hosts((0.0, 4.0), (0.0, 1.0))  # a host 3 s behind the other
+    terms.reports[1] = hosts((4.0, 5.0), (1.0, 5.0))  # the fast one started batch 1 at once
+    terms.trained[0] = trained(4.0, 6.0)
+    first = terms.record_of(0)  # the attempt's first batch: nothing absorbed yet
+    assert first == {
+        "timing/straggler_absorbed_s": 0.0, "timing/overlap_s": 1.0, "timing/overlap_share": 0.5,
+    }  # fmt: skip
+    terms.trained[1] = trained(6.0, 7.0)
+    # batch 1 was done 1 s after batch 0 though its slowest host took 4 s: 3 s absorbed
+    assert terms.record_of(1) == {
+        "timing/straggler_absorbed_s": 3.0, "timing/overlap_s": 0.0, "timing/overlap_share": 0.0,
+    }  # fmt: skip
+    assert set(terms.reports) == {1} and not terms.trained  # forgotten once no record needs them
 
 
 def test_the_ledger_refuses_a_batch_staler_than_the_bound(tmp_path):

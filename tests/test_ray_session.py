@@ -1,4 +1,4 @@
-"""The run's own Ray (`locoexp.placement.ray_session`, issue 31): a local cluster's loopback
+"""The run's own Ray (`locoexp.placement.ray.session`, issue 31): a local cluster's loopback
 switch does not outlive its start (a later joined-cluster run in the same process sees Ray's
 multi-node default), its watchdog stops exactly the cluster's processes, and after a SIGKILL of
 a `da` driver no process of its Ray is left after a bounded wait (Ray alone leaves its
@@ -26,12 +26,12 @@ from cli_runs import assert_loopback_only
 from step_loop_reference import overrides_of
 
 from locoexp.errors import ConfigError
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.layout import Layout
-from locoexp.placement.ray_hosts import TrainerHost
-from locoexp.placement.ray_session import keep_ray_on_loopback, ray_session, watchdog
-from locoexp.placement.ray_transport import RayActors
-from locoexp.placement.ray_watchdog import cluster_processes
+from locoexp.layout import Layout, PlacementKind
+from locoexp.placement.ray.hosts import TrainerHost
+from locoexp.placement.ray.session import keep_ray_on_loopback, ray_session, watchdog
+from locoexp.placement.ray.spec import RaySpec
+from locoexp.placement.ray.transport import RayActors
+from locoexp.placement.ray.watchdog import cluster_processes
 
 REPO = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 240  # the driver's start on a loaded 2-core machine; past it the test fails
@@ -147,7 +147,7 @@ def local_session() -> SimpleNamespace:
         patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "1")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
         before = switch()
-        with ray_session(layout(bind_address="127.0.0.1")):
+        with ray_session(layout(bind_address="127.0.0.1"), RaySpec()):
             during = switch()
             session_dir = os.path.realpath(ray._private.worker._global_node.get_session_dir_path())
             # an actor started after the switch was put back (the raylet keeps it for them)

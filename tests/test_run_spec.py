@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from locoexp.compose import compose_config
-from locoexp.placement.config import PlacementKind
 from locoexp.placement.transport import Transport
 from locoexp.session.build import build_spec
 
 
-def test_the_spec_module_imports_no_jax():
-    code = "import sys, locoexp.session.spec; print('jax' in sys.modules)"
+@pytest.mark.parametrize("module", ["locoexp.session.spec", "locoexp.layout"])
+def test_the_spec_and_the_layout_import_no_jax(module):
+    code = f"import sys, {module}; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -35,21 +35,23 @@ DA_BATCH = ["dataset.prompts_per_step=3"]  # a whole group per rollout host
 
 
 @pytest.mark.parametrize(
-    ("overrides", "processes", "trainers", "rollouts", "staleness"),
+    ("overrides", "processes", "trainers", "rollouts", "staleness", "properties"),
     [
-        (["placement=co", "hardware.hosts=2"], 2, 2, 2, 0),
-        (["placement=single_controller", "hardware.hosts=2"], 1, 2, 2, 0),
+        (["placement=co", "hardware.hosts=2"], 2, 2, 2, 0, ("colocated", "on_policy")),
+        (
+            ["placement=single_controller", "hardware.hosts=2"],
+            *(1, 2, 2, 0),
+            ("colocated", "on_policy", "lockstep"),
+        ),
         (
             ["placement=da", "hardware.hosts=4", "split=0.25", "dataset.prompts_per_step=3"],
-            0,
-            1,
-            3,
-            1,
+            *(0, 1, 3, 1),
+            ("disaggregated",),
         ),
     ],
 )
 def test_one_layout_says_who_runs_where_for_every_placement(
-    overrides, processes, trainers, rollouts, staleness
+    overrides, processes, trainers, rollouts, staleness, properties
 ):
     spec = build_spec(compose_config(overrides))
     layout = spec.layout
@@ -58,21 +60,25 @@ def test_one_layout_says_who_runs_where_for_every_placement(
         trainers,
         rollouts,
     )
+    asked = ("colocated", "disaggregated", "on_policy", "lockstep")
+    assert {p for p in asked if getattr(layout, p)} == set(properties)
     assert spec.loop.staleness == layout.staleness == staleness
     assert layout.bind_address == "127.0.0.1"  # a local run listens on loopback only
-    if layout.kind is PlacementKind.da:
-        assert layout.object_store_bytes and layout.local_processes == 5  # 4 hosts + driver
+    if layout.disaggregated:
+        assert spec.ray and spec.ray.object_store_bytes and layout.local_processes == 5  # + driver
+    else:
+        assert spec.ray is None  # no Ray where the layout is colocated
 
 
 def _members(cls) -> set[str]:
     return {n for n, _ in inspect.getmembers(cls) if not n.startswith("_")}
 
 
-@pytest.mark.parametrize("module", ["inprocess", "ray_transport"])
+@pytest.mark.parametrize("module", ["inprocess", "ray.transport"])
 def test_every_transport_offers_the_whole_protocol(module):
     import importlib  # noqa: PLC0415
 
-    cls = {"inprocess": "InProcess", "ray_transport": "RayActors"}[module]
+    cls = {"inprocess": "InProcess", "ray.transport": "RayActors"}[module]
     transport = getattr(importlib.import_module(f"locoexp.placement.{module}"), cls)
     wanted = _members(Transport) - _members(object)
     assert {"restore", "checkpoint", "export", "group"} <= wanted

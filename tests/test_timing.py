@@ -140,7 +140,7 @@ def test_da_records_each_sides_compile_seconds_beside_the_drivers():
 
     from locoexp.metrics.compiles import compile_seconds  # noqa: PLC0415
     from locoexp.placement.halves import HalfReport, Window  # noqa: PLC0415
-    from locoexp.placement.ray_hosts import side_report  # noqa: PLC0415
+    from locoexp.placement.ray.hosts import side_report  # noqa: PLC0415
 
     actor = StepTimer()
     with actor.step():

@@ -26,7 +26,7 @@ import numpy as np
 from bench_placements import launch  # this folder (a script's folder is on its path)
 
 from locoexp.analysis.accounting import eq4_terms_from_steps, eq4_verdict
-from locoexp.hardware.hosts import valid_splits
+from locoexp.layout import trainer_hosts, valid_splits
 
 # experiments/experiment/bench_co_vs_da_<name>.yaml: decode-heavy (short prompts, 48 forced
 # output tokens: rollout is most of the step) and prefill-heavy (GSM8K prompts, 4 output tokens:
@@ -73,7 +73,7 @@ def bench(workload: str, hosts: int, steps: int) -> dict:
 def show(result: dict) -> None:
     hosts = result["hosts"]
     for split, t in result["splits"].items():
-        ht = round(split * hosts)
+        ht = trainer_hosts(split, hosts)
         print(
             f"[CPU, {result['workload']}-heavy, {hosts} local hosts] co {t['lambda_co']:.3f} s/step"
             f" | da split={split} ({ht} trainer / {hosts - ht} rollout) {t['lambda_DA']:.3f} s/step"

@@ -29,10 +29,10 @@ from flax import nnx
 
 from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
+from locoexp.layout import Layout
 from locoexp.model.config import ModelConfig
 from locoexp.model.moe import expert_mesh
 from locoexp.model.transformer import Transformer, blocks_scan
-from locoexp.placement.layout import Layout
 from locoexp.placement.multihost import replicator
 from locoexp.planner.plan import Plan
 from locoexp.rollout import decode, scheduling

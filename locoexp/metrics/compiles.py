@@ -20,7 +20,7 @@ from typing import Any
 
 COMPILE_KEY = "timing/compile_s"
 # every key a step record carries compile seconds under: this process's, and under `da` the
-# rollout and trainer actors' (`placement.ray_hosts.side_report`)
+# rollout and trainer actors' (`placement.ray.hosts.side_report`)
 RECORD_KEYS = (COMPILE_KEY, "timing/rollout_compile_s", "timing/trainer_compile_s")
 # jax._src.dispatch's events of one compile; tracing is reported for top-level traces only
 EVENTS = (

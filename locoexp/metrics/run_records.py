@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from locoexp.hardware.hosts import minimal_hosts
+from locoexp.layout import PlacementKind, minimal_hosts
 from locoexp.metrics.cost import Checkpoint, checkpoints_from_records
 
 METRICS_FILE = "metrics.jsonl"
@@ -98,8 +98,6 @@ def count_chips(config: dict[str, Any]) -> int:
         return 0
     if hardware["hosts"] is None:
         placement = config.get("placement") or {}
-        disaggregated, split = placement.get("kind") == "da", config.get("split")
-        return minimal_hosts(disaggregated=disaggregated, split=split) * int(
-            hardware["chips_per_host"]
-        )
+        kind = PlacementKind(placement.get("kind", PlacementKind.co.value))
+        return minimal_hosts(kind, split=config.get("split")) * int(hardware["chips_per_host"])
     return int(hardware["hosts"]) * int(hardware["chips_per_host"])

@@ -118,7 +118,7 @@ def build_trainer_half(policy, halves: HalvesSpec, **half) -> TrainerHalf:
 
 def build_actor_rollout_half(halves: HalvesSpec, **half) -> RolloutHalf:
     """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
-    from locoexp.placement.ray_hosts import load_from_object_store  # noqa: PLC0415
+    from locoexp.placement.ray.hosts import load_from_object_store  # noqa: PLC0415
 
     policy = load_model(halves.model, seed=halves.settings.seed)
     # what published pure dicts are loaded into: shapes only, so the initial weights live once
@@ -135,7 +135,7 @@ def build_actor_rollout_half(halves: HalvesSpec, **half) -> RolloutHalf:
 def build_actor_trainer_half(halves: HalvesSpec, *, group: HostGroup, **half) -> TrainerHalf:
     """Called in a `da` trainer actor once it joined the trainer group: its share of every
     batch, publishing through the object store in the rollout engines' dtype."""
-    from locoexp.placement.ray_hosts import publish_to_object_store  # noqa: PLC0415
+    from locoexp.placement.ray.hosts import publish_to_object_store  # noqa: PLC0415
 
     one_call = halves.settings.opt.publish_in_one_call
     dtype = jnp.dtype(halves.sampler_dtype.value)

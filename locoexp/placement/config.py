@@ -1,13 +1,9 @@
-"""Schema of the `placement` and `opt` config groups: execution mode and the O1-O4 levers."""
+"""Schema of the `placement` and `opt` config groups: execution mode and the O1-O4 levers. The
+modes themselves (`PlacementKind`) and who runs where under each are `locoexp.layout`'s."""
 
 import dataclasses
-import enum
 
-
-class PlacementKind(enum.Enum):
-    co = "co"  # colocated: every host trains (FSDP over all devices) and runs its own engine
-    da = "da"  # disaggregated on Ray: trainer hosts and rollout hosts, one-step-stale rollouts
-    single_controller = "single_controller"  # one process drives every device (the baseline)
+from locoexp.layout import PlacementKind
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -6,7 +6,7 @@ FSDP-sharded step and load the updated weights into their engines.
 
 `placement=single_controller` (the Pathways baseline's structure, Section 2): the same step run
 by one process over every device: it admits all requests serially and its engine is one
-lockstep program across all devices (`layout.py`: one process holding every device).
+lockstep program across all devices (`locoexp.layout`: one process holding every device).
 
 Every host runs `loop.StepLoop` with this transport; what crosses hosts is `multihost.py`'s.
 A run that survives reaches the trainer's state through `restore` and `checkpoint` (every host

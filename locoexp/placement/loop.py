@@ -6,7 +6,7 @@ Design note.
   `Published(version)`). Algorithm 1's phases inside them are `phases.py`'s functions.
 - Transports carry batches and results between the halves: `InProcess` (`inprocess.py`): both
   halves in this process and every host runs this loop (`co`: one process per host, its own
-  share; `single_controller`: one process over every device); `RayActors` (`ray_transport.py`):
+  share; `single_controller`: one process over every device); `RayActors` (`ray/transport.py`):
   Ray actors wrap the same halves and only the driver runs this loop (`da`).
 - Staleness s (`placement.max_staleness` under `da`, the paper's 1): batch t is sampled with the
   weights of an update >= t-s; before step t trains, every batch through t+s is started with the
@@ -22,10 +22,13 @@ Design note.
   under `da`, in the rollout host's weight load. `locoexp.applies` is the one place
   that says which placement honours which key.
 
-The loop owns the bookkeeping shared by every placement: the evaluation schedule, the delayed
-emission of step t's record (it crosses hosts, and under `da` waits for batch t+1's overlap,
-during step t+1), evaluation wall time kept off the clock, the summary and cost-to-learn. It never
-decides what a phase does, how data moves, or what a run writes (`metrics.run_output` does).
+The loop owns the schedule and the bookkeeping shared by every placement: the evaluation
+schedule, the delayed emission of step t's record (it crosses hosts, during step t+1), every
+placement's straggler (`timing/straggler_s`), evaluation wall time kept off the clock, the summary
+and cost-to-learn. It never decides what a phase does, how data moves, or what a run writes
+(`metrics.run_output` does). What only a transport measures, it adds in its `exchange`: the Ray
+transport, Eq. 4's A and the overlap of step t's training with batch t+1's rollout
+(`ray/terms.py`).
 
 Runs that survive (every placement): a resumed run starts at `LoopPlan.start_step` with its
 clock at the restored elapsed time (`clock_offset_s`, App. I.1); under `da` its first batches
@@ -52,7 +55,7 @@ from locoexp.metrics.cost import Checkpoint
 from locoexp.metrics.run_output import RunOutput, summarize_steps
 from locoexp.metrics.steady import WARMUP_STEPS, SteadyWindow, steady_records
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
-from locoexp.placement.halves import HalfReport, Published, TrainResult
+from locoexp.placement.halves import Published
 from locoexp.placement.multihost import combine_host_metrics
 from locoexp.placement.settings import LoopPlan
 from locoexp.placement.transport import Transport
@@ -162,8 +165,7 @@ class StepLoop:
         self.published = published
         self.pending: dict[int, Any] = {}  # batches started and not yet trained, by step
         self.started = plan.start_step - 1  # the newest batch started
-        self.batch_end: float | None = None  # when the last batch trained was complete
-        self.previous: tuple[dict[str, Any], list[TrainResult]] | None = None  # awaiting emission
+        self.previous: dict[str, Any] | None = None  # step t's record, awaiting emission
         self.profiler = StepProfiler(Path("."), frozenset())  # profiles nothing
 
     def run(self) -> list[dict[str, Any]]:
@@ -189,13 +191,11 @@ class StepLoop:
             with timer.step():
                 self._start_rollouts(step)
                 reports, batches = t.collect_rollout(self.pending.pop(step), timer)
-                carried = (
-                    self.previous[0] if self.previous and self.plan.metrics_off_barrier else None
-                )
+                carried = self.previous if self.plan.metrics_off_barrier else None
                 training = t.start_train(step, batches, carried=carried)
                 results = t.collect_train(training, timer)
                 with timer.phase("log"):
-                    self._emit(results[0].exchanged, next_reports=reports)
+                    self._emit(results[0].exchanged)
                 # after step t-1's record is out; every host sees the same (global) loss
                 saved = self.hooks.last_checkpoint() if self.hooks else None
                 require_finite_step(results[0].report.metrics, step=step, last_checkpoint=saved)
@@ -208,27 +208,13 @@ class StepLoop:
         self.published = published
         record = {
             "step": step,
-            **(self._absorbed(reports) if self.plan.staleness else {}),
             **combine_host_metrics([r.metrics for r in reports]),
             **combine_host_metrics([r.report.metrics for r in results]),
             **timer.metrics(),
             **breakdown,
             "time/elapsed_s": self.clock.elapsed_s(),
         }
-        self.previous = (record, results)
-
-    def _absorbed(self, reports: list[HalfReport]) -> dict[str, float]:
-        """Eq. 4's A for batch t (staleness s > 0): how much of its slowest host's rollout time
-        the schedule did not wait for. A synchronous schedule starts batch t when batch t-1 is
-        complete on every host and ends it a slowest-host's time later; here each host starts
-        its share when its own previous share is done, so batch t completes
-        `end(t) - end(t-1)` after batch t-1: A = max(0, slowest - that). Clocks are the hosts'
-        wall clocks (one machine, or synchronised machines)."""
-        end = max(r.window.end for r in reports)
-        slowest = max(r.window.end - r.window.start for r in reports)
-        previous, self.batch_end = self.batch_end, end
-        waited = slowest if previous is None else end - previous
-        return {"timing/straggler_absorbed_s": max(0.0, slowest - waited)}
+        self.previous = record
 
     def _start_rollouts(self, step: int) -> None:
         """Start every batch the staleness bound s lets start before step `step` trains: batches
@@ -241,17 +227,12 @@ class StepLoop:
             self.pending[batch] = self.transport.start_rollout(batch, self.published)
         self.started = max(self.started, last)
 
-    def _emit(
-        self,
-        exchanged: list[dict[str, Any]] | None,
-        *,
-        next_reports: list[HalfReport] | None = None,
-    ) -> None:
-        """Step t's record: every host's (O1: `exchanged` from the row exchange; otherwise a
-        collective of its own), reduced; under `da` with its overlap of batch t+1."""
+    def _emit(self, exchanged: list[dict[str, Any]] | None) -> None:
+        """Step t's record: every host's (O1: `exchanged` from the row exchange; otherwise the
+        transport's exchange, which adds what the transport itself measured), reduced."""
         if self.previous is None:
             return
-        record, trained = self.previous
+        record = self.previous
         self.previous = None
         record = combine_host_metrics(exchanged or self.transport.exchange(record))
         record["step"] = int(record["step"])
@@ -260,11 +241,6 @@ class StepLoop:
             record["timing/host_orchestration_s"] / record["timing/step_s"]
         )
         record.update(straggler(record))
-        if self.plan.staleness:
-            following = self.pending.get(int(record["step"]) + 1)
-            if next_reports is None and following is not None:
-                next_reports, _ = self.transport.collect_rollout(following, None)
-            record.update(overlap(trained, next_reports))
         self.records.append(record)
         if self.output is not None:
             self.output.export(record)
@@ -307,18 +283,6 @@ def unfreeze_gc() -> None:
     gc.unfreeze()
 
 
-def overlap(trained: list[TrainResult], next_reports: list[HalfReport] | None) -> dict[str, Any]:
-    """How long step t's training (transfer to publish) ran alongside batch t+1's rollout."""
-    start = min(t.report.window.start for t in trained)
-    end = max(t.report.window.end for t in trained)
-    seconds = 0.0
-    if next_reports:
-        r_start = min(r.window.start for r in next_reports)
-        r_end = max(r.window.end for r in next_reports)
-        seconds = max(0.0, min(end, r_end) - max(start, r_start))
-    return {"timing/overlap_s": seconds, "timing/overlap_share": seconds / max(end - start, 1e-9)}
-
-
 def straggler(record: dict[str, Any]) -> dict[str, float]:
     """The slowest rollout host's lead over the mean host (Section 4.4: 38% to 55% of the step
     at 128 chips) and its share of the step, from every host's `timing/rollout_host_s`."""
@@ -330,14 +294,15 @@ def straggler(record: dict[str, Any]) -> dict[str, float]:
 def summarize(
     records: list[dict[str, Any]], window: SteadyWindow, *, staleness: int
 ) -> dict[str, float]:
-    """Every placement's summary keys; with staleness, what was achieved in the steady window."""
+    """Every placement's summary keys; with staleness, what was achieved in the steady window
+    (the overlap where the transport measured it)."""
     summary = summarize_steps(records, window)
     if staleness:
         steady = steady_records(records, window) or records
         summary["staleness_steps_max"] = float(max(r["train/staleness_steps"] for r in steady))
-        summary["overlap_share_median"] = float(
-            np.median([r["timing/overlap_share"] for r in steady])
-        )
+        if "timing/overlap_share" in steady[0]:
+            shares = [r["timing/overlap_share"] for r in steady]
+            summary["overlap_share_median"] = float(np.median(shares))
         restarts = records[-1].get("da/rollout_restarts", 0)  # only a Ray transport restarts
         if restarts:  # a run without restarts keeps its summary keys (Table 1's runs)
             summary["da/rollout_restarts"] = float(restarts)

@@ -4,7 +4,7 @@ state travel between them. Every placement's transport satisfies it, and the loo
 
 - `InProcess` (`inprocess.py`): both halves in this process; every host runs the loop (`co`,
   `single_controller`).
-- `RayActors` (`ray_transport.py`): the halves in Ray actors; the driver alone runs the loop
+- `RayActors` (`ray/transport.py`): the halves in Ray actors; the driver alone runs the loop
   (`da`).
 
 The step's calls: `start_*` hand work over, `collect_*` wait for it (idempotent) and time their
@@ -48,7 +48,11 @@ class Transport(Protocol[PendingRollout, Batches, PendingTrain]):
 
     def collect_train(self, pending: PendingTrain, timer: StepTimer) -> list[TrainResult]: ...
 
-    def exchange(self, record: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def exchange(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every host's record of step `record["step"]` (in-process: a collective), with what
+        this transport alone measures (the Ray transport: Eq. 4's A, the overlap of the step's
+        training with the next batch's rollout, its restarts)."""
+        ...
 
     def evaluate(self, published: Published, *, limit: int | None) -> float: ...
 

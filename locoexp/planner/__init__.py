@@ -1,7 +1,7 @@
 """The memory plan: per-device bytes of the trainer and the rollout engine on the run's hardware.
 
 It reads the model, dataset, trainer, rollout and hardware sub-configs and the run's
-`placement.layout.Layout` (never the root config), resolves `trainer.micro_batch_rows=0` and
+`locoexp.layout.Layout` (never the root config), resolves `trainer.micro_batch_rows=0` and
 `rollout.capacity=0` to concrete sizes, refuses what does not fit and prints the dry-run report.
 Modules: `estimate` (bytes by term), `plan` (roles on hardware, the fit of one candidate), `fit`
 (resolution and refusal), `report` (the dry-run text). Nothing here allocates.

@@ -413,6 +413,7 @@ def _engine_outputs(shape: EngineShape) -> int:
 
 def publication_bytes(c: ModelConfig, dtype: DType) -> int:
     """One whole replica of the weights in the sampler's `dtype`: what each device of a `da`
-    trainer host all-gathers after its step (`ray_hosts.publish_to_object_store`, beside its
-    params and AdamW state), and what one published version occupies in Ray's object store."""
+    trainer host all-gathers after its step (`placement.ray.hosts.publish_to_object_store`,
+    beside its params and AdamW state), and what one published version occupies in Ray's object
+    store."""
     return _engine_weight_elements(c, 1) * BYTES[dtype]

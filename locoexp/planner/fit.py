@@ -13,10 +13,9 @@ from collections.abc import Mapping
 
 from locoexp.errors import ConfigError, require
 from locoexp.hardware.config import HardwareConfig
+from locoexp.layout import PlacementKind, build_layout
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.layout import build_layout
 from locoexp.planner.estimate import GIB
 from locoexp.planner.paper import paper_workaround
 from locoexp.planner.plan import (

@@ -1,6 +1,6 @@
 """The memory plan of a run: roles on devices, resolved micro-batch and wave sizes, the fit.
 
-It owns the two roles' shapes on the hardware (who runs where is `placement.layout.Layout`),
+It owns the two roles' shapes on the hardware (who runs where is `locoexp.layout.Layout`),
 the resolution of `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values
 that fit, and the verdict. It reads sub-configs and scalars, never the root config, and never
 allocates.
@@ -23,9 +23,9 @@ import os
 from locoexp.adapter.config import AdapterConfig, adapted_targets
 from locoexp.dataset.config import DatasetConfig
 from locoexp.hardware.config import HardwareConfig
+from locoexp.layout import Layout
 from locoexp.model.config import ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
-from locoexp.placement.layout import Layout
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
 from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler
@@ -264,7 +264,7 @@ def machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication
 
 
 def object_store_bytes(publication: int) -> int:
-    """The object store a local `da` run starts Ray with (`ray_hosts.start_ray`), sized to the
+    """The object store a local `da` run starts Ray with (`placement.ray.session`), sized to the
     published versions it must hold. Left at Ray's default (30% of the machine's memory) the
     store's shared memory grew by a version per step until full: a 90M-parameter model's
     float32 versions (0.36 GB each) took /dev/shm to 5.4 GB in 30 steps (experiments/LOG.md,

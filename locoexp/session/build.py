@@ -10,10 +10,8 @@ from typing import Any
 from locoexp.checkpoint.progress import config_digest
 from locoexp.compiled.startup import judged
 from locoexp.config import Config
-from locoexp.hardware.config import ChipKind
 from locoexp.model.config import DType
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.layout import Layout, build_layout
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
 from locoexp.planner import Setup, check_fit, resolved_micro_batch_rows
 from locoexp.planner.estimate import publication_bytes
@@ -22,34 +20,19 @@ from locoexp.rollout.config import SamplingParams
 from locoexp.session.spec import RunSpec, SurvivalSpec
 
 
-def build_layout_of(config: Config) -> Layout:
-    """The run's layout, with where its processes meet and (da) its Ray cluster."""
-    hw, placement = config.hardware, config.placement
-    multi_machine = placement.ray_address is not None
-    meeting: dict[str, Any] = dict(
-        coordinator_port=hw.coordinator_port,
-        bind_address=hw.listen_address(multi_machine=multi_machine),
-        coordinator_address=hw.coordinator_address,
-        process_id=hw.process_id,
-        coordinator_timeout_s=hw.coordinator_timeout_s,
-    )
-    if placement.kind is PlacementKind.da:
-        meeting |= dict(
-            ray_address=placement.ray_address,
-            rollout_restarts=placement.rollout_restarts,
-            rollout_restart_timeout_s=placement.rollout_restart_timeout_s,
-            object_store_bytes=object_store_bytes(
-                publication_bytes(config.model, sampler_dtype(config))
-            ),
-        )
-    return build_layout(
-        placement.kind,
-        hosts=config.hosts,
-        devices_per_host=hw.devices_per_host,
-        split=config.split,
-        max_staleness=placement.max_staleness,
-        cpu=hw.chip is ChipKind.cpu,
-        **meeting,
+def build_ray_spec(config: Config) -> RaySpec | None:
+    """The Ray cluster of a disaggregated run (None: colocated, no Ray): the `placement` group's
+    Ray keys and the local cluster's object store, sized to the published weights."""
+    if config.layout.colocated:
+        return None
+    placement = config.placement
+    return RaySpec(
+        address=placement.ray_address,
+        rollout_restarts=placement.rollout_restarts,
+        rollout_restart_timeout_s=placement.rollout_restart_timeout_s,
+        object_store_bytes=object_store_bytes(
+            publication_bytes(config.model, sampler_dtype(config))
+        ),
     )
 
 
@@ -62,7 +45,7 @@ def plan_setup(config: Config) -> Setup:
         rollout=c.rollout,
         dataset=c.dataset,
         trainer=c.trainer,
-        layout=build_layout_of(c),
+        layout=c.layout,
         kl_reference=c.algo.kl_coef > 0,
         adapter=c.adapter,
     )
@@ -95,6 +78,7 @@ def build_spec(config: Config) -> RunSpec:
     )
     return RunSpec(
         layout=layout,
+        ray=build_ray_spec(c),
         loop=build_loop_plan(c, staleness=layout.staleness),
         halves=halves,
         survival=SurvivalSpec(
@@ -104,7 +88,7 @@ def build_spec(config: Config) -> RunSpec:
             seed=c.seed,
             export_at=frozenset(c.eval_at_updates),
             config_digest=config_digest(run_identity(c)),
-            preemption_sync=not layout.cpu and layout.kind is not PlacementKind.da,
+            preemption_sync=not layout.cpu and layout.colocated,
         ),
         logger=c.logger,
         profile_steps=frozenset(c.profile_steps),

@@ -44,9 +44,8 @@ from locoexp.placement.build import (
     build_checked_task,
     open_in_process,
 )
-from locoexp.placement.config import PlacementKind
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.loop import NOTHING_PUBLISHED, LoopClock, drive
+from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.placement.transport import Transport
 from locoexp.session.spec import RunSpec
 
@@ -96,22 +95,24 @@ def open_transport(
 ) -> Iterator[Transport]:
     """The placement's transport, stopped (every actor and Ray, under `da`) when the run ends."""
     halves, run_dir = spec.halves, survival.run_dir
-    if spec.layout.kind is not PlacementKind.da:
+    if spec.layout.colocated:
         admissions = run_dir / "admission"
         with open_in_process(
             halves, task=task, schedule=schedule, timer=timer, admission_dir=admissions
         ) as transport:
             yield transport
         return
-    from locoexp.placement.ray_transport import ray_actors  # noqa: PLC0415  (Ray: da only)
+    from locoexp.placement.ray.transport import ray_actors  # noqa: PLC0415  (Ray: da only)
 
     restored = survival.restored
     ids = [e.id for e in task.train]
     rows = restored.ledger if restored else ()
     path, bound = run_dir / "batches.jsonl", spec.layout.staleness
     ledger = BatchLedger(schedule, ids, path, max_staleness=bound, rows=rows)
+    assert spec.ray is not None, "a disaggregated layout's spec holds its Ray cluster"
     with ray_actors(
         spec.layout,
+        spec.ray,
         build_rollout=functools.partial(build_actor_rollout_half, halves, schedule=schedule),
         build_trainer=functools.partial(build_actor_trainer_half, halves),
         freeze_gc=spec.loop.freeze_gc,
@@ -146,7 +147,8 @@ def drive_session(spec, files, hooks, timer, start_time, published) -> dict[str,
             extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
-            # under da the actors trace (`ray_hosts.side_profile`); the driver has no devices
+            # under da the actors trace (`placement.ray.hosts.side_profile`); the driver has no
+            # devices
             profiler=StepProfiler(
                 Path(files.run_dir),
                 spec.profile_steps if spec.layout.colocated else frozenset(),

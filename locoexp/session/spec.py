@@ -4,8 +4,10 @@ Frozen and jax-free, so start-up checks (`locoexp.preflight`), the dry run, tool
 `RunSpec` instead of the root config, and the launcher hands the same value to every host process
 (and Ray ships its halves' factories to the actors). It holds:
 
-- `layout`: who runs where (`placement.layout.Layout`: hosts, processes, devices, roles,
+- `layout`: who runs where (`locoexp.layout.Layout`: hosts, processes, devices, roles,
   staleness, where the processes meet);
+- `ray`: the Ray cluster of a disaggregated layout (`placement.ray.spec.RaySpec`: its address,
+  restarts, object store), read by the Ray transport alone; None when colocated;
 - `loop`: the step loop's plan (steps, staleness, evaluation, O1/O2, cost-to-learn);
 - `halves`: what builds the two halves of a step (their sub-configs and step settings, with the
   trainer's micro-batch and the engine's capacity resolved by the memory plan);
@@ -19,8 +21,9 @@ Frozen and jax-free, so start-up checks (`locoexp.preflight`), the dry run, tool
 import dataclasses
 
 from locoexp.checkpoint.config import ResumeMode
+from locoexp.layout import Layout
 from locoexp.metrics.config import LoggerConfig
-from locoexp.placement.layout import Layout
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan
 
 
@@ -42,6 +45,7 @@ class SurvivalSpec:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunSpec:
     layout: Layout
+    ray: RaySpec | None  # disaggregated layouts only
     loop: LoopPlan
     halves: HalvesSpec
     survival: SurvivalSpec

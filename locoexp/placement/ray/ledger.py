@@ -5,7 +5,7 @@ rollout host restart is recorded (`batches.jsonl`).
 Rows are typed (`checkpoint.progress.TrainedBatch`, `RolloutRestart`); a checkpoint carries
 them in its `RunProgress`, and a resumed run's ledger starts from them (the file is rewritten to
 them, as `metrics.jsonl` is cut back, so a step redone after a loss appears once). Neither Ray
-nor JAX: the driver holds it, the transport (`ray_transport.py`) feeds it.
+nor JAX: the driver holds it, the transport (`transport.py`) feeds it.
 """
 
 import contextlib

@@ -1,5 +1,5 @@
 """The run's Ray under `placement=da`: connected or started for the run, stopped with it, and
-nothing of it left once the driver is gone. It starts no actor (`ray_hosts.py` does).
+nothing of it left once the driver is gone. It starts no actor (`hosts.py` does).
 
 - A joined cluster (`placement.ray_address`): the driver connects and disconnects; the
   cluster's processes are not the run's, and nothing here touches them.
@@ -13,7 +13,7 @@ nothing of it left once the driver is gone. It starts no actor (`ray_hosts.py` d
   keep it: the raylet hands its environment to every worker it starts), then put back with
   Ray's constant: a later run in the same process, on a joined cluster, sees Ray's multi-node
   default (a leaked switch turned multi-node off for it).
-- A local cluster has a watchdog (`ray_watchdog.py`): once the driver ends the session, or dies
+- A local cluster has a watchdog (`watchdog.py`): once the driver ends the session, or dies
   (SIGKILL included), it stops every process of the cluster (those writing into its session
   directory), so no agent or actor of the run stays behind for Ray's minute.
 """
@@ -29,12 +29,13 @@ from typing import Any
 
 import ray
 
-from locoexp.placement import ray_watchdog
-from locoexp.placement.layout import Layout
+from locoexp.layout import Layout
+from locoexp.placement.ray import watchdog as ray_watchdog
+from locoexp.placement.ray.spec import RaySpec
 
 
 @contextlib.contextmanager
-def ray_session(layout: Layout) -> Iterator[None]:
+def ray_session(layout: Layout, cluster: RaySpec) -> Iterator[None]:
     """Ray for the run, connected or started, until `ray.shutdown()` (module docstring)."""
     options: dict[str, Any] = dict(
         include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True
@@ -42,11 +43,11 @@ def ray_session(layout: Layout) -> Iterator[None]:
     if layout.bind_address is not None:
         options["_node_ip_address"] = layout.bind_address
     try:
-        if layout.ray_address is not None:
-            ray.init(address=layout.ray_address, **options)
+        if cluster.joined:
+            ray.init(address=cluster.address, **options)
             yield
         else:
-            _start_local(layout, options)
+            _start_local(layout, cluster, options)
             node = ray._private.worker._global_node
             assert node is not None, "ray.init has started this driver's node"
             with watchdog(node.get_session_dir_path()):
@@ -58,9 +59,9 @@ def ray_session(layout: Layout) -> Iterator[None]:
         ray.shutdown()
 
 
-def _start_local(layout: Layout, options: dict) -> None:
-    if layout.object_store_bytes is not None:
-        options = {**options, "object_store_memory": layout.object_store_bytes}
+def _start_local(layout: Layout, cluster: RaySpec, options: dict) -> None:
+    if cluster.object_store_bytes is not None:
+        options = {**options, "object_store_memory": cluster.object_store_bytes}
     address = layout.bind_address
     loopback = address is not None and ipaddress.ip_address(address).is_loopback
     restore = keep_ray_on_loopback() if loopback else None
@@ -73,7 +74,7 @@ def _start_local(layout: Layout, options: dict) -> None:
 
 @contextlib.contextmanager
 def watchdog(session_dir: str) -> Iterator[None]:
-    """A `ray_watchdog` process for the local cluster of `session_dir`. When the block ends
+    """A `watchdog.py` process for the local cluster of `session_dir`. When the block ends
     (after `ray.shutdown()`) it stops what is left of the cluster, waited for here; if this
     process dies, at once."""
     process = subprocess.Popen(

@@ -20,7 +20,7 @@ process's log (its gcs_server, raylet, monitors, agents and workers alike). A pr
 there (`tail -f raylet.out`) is not the cluster's, nor is the driver (it holds its own log
 there). SIGTERM first, SIGKILL after a grace period, as `ray stop` does.
 
-Started by `ray_session.watchdog` as `python ray_watchdog.py <session dir> <driver pid>`.
+Started by `session.watchdog` as `python watchdog.py <session dir> <driver pid>`.
 """
 
 import contextlib

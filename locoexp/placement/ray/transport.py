@@ -1,5 +1,5 @@
 """The Ray transport (`placement=da`, LoCoJAX-DA, Sections 2 and 4.4): the loop runs in a Ray
-driver and the halves in actors (`ray_hosts.py`), with staleness s (`placement.max_staleness`,
+driver and the halves in actors (`hosts.py`), with staleness s (`placement.max_staleness`,
 the paper's 1).
 
 Step t: start every batch through t+s not yet started with the newest published weights (those
@@ -12,17 +12,17 @@ batch trained at that step, trainer-side ones (`transfer`, `pack`, `train`, `pub
 `trainer`) of that step; `timing/step_s` is the driver's period. The driver checks that every
 batch is trained exactly once with the scheduled prompts (`BatchLedger`, `batches.jsonl`).
 Every actor and Ray itself stop when the run ends or fails, or when the driver dies
-(`ray_session.py`).
+(`session.py`).
 
 Runs that survive (issue 13):
-- A rollout host whose process dies is restarted by Ray (`ray_hosts.py`); the driver sees the
+- A rollout host whose process dies is restarted by Ray (`hosts.py`); the driver sees the
   actor's error where it waits for that host's report, waits for the restart and asks it again
   for the same step with the same `Published` the lost call had (with staleness 1, batch t+1's
   weights are those after step t-1, not the newest), so the regenerated batch is the lost one
   (same prompts, sampling key and weights). The ledger records the restart; past the host's
   budget the run ends with one sentence (`RunFailed`). Evaluation is redone the same way.
 - A node lost whole (issue 31): its rollout hosts restart on another node with a free CPU
-  (`ray_hosts.host_places`) and are asked again as above; a restart that Ray cannot place within
+  (`hosts.host_places`) and are asked again as above; a restart that Ray cannot place within
   `placement.rollout_restart_timeout_s` ends the run with one sentence, never a wait without end.
 - A trainer host that dies ends the run with one sentence (`RunFailed`) naming it; the driver
   does not wait for its peers, which may be blocked in a collective with it.
@@ -45,6 +45,7 @@ import ray
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.errors import ConfigError, RunFailed
+from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
@@ -56,17 +57,18 @@ from locoexp.placement.halves import (
     TrainerHalf,
     TrainResult,
 )
-from locoexp.placement.layout import Layout
-from locoexp.placement.ledger import BatchLedger
 from locoexp.placement.multihost import HostGroup
-from locoexp.placement.ray_hosts import Hosts, start_hosts
-from locoexp.placement.ray_session import ray_session
-from locoexp.placement.saved_batches import (
+from locoexp.placement.ray.hosts import Hosts, start_hosts
+from locoexp.placement.ray.ledger import BatchLedger
+from locoexp.placement.ray.saved_batches import (
     clear_batches,
     load_batches,
     prune_batches,
     save_batches,
 )
+from locoexp.placement.ray.session import ray_session
+from locoexp.placement.ray.spec import RaySpec
+from locoexp.placement.ray.terms import ScheduleTerms
 from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
@@ -104,6 +106,8 @@ class RayActors:
     # restarts per rollout host in this attempt (Ray's budget is per actor; the ledger's rows
     # also hold an earlier attempt's)
     restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # the windows Eq. 4's A and the overlap are measured from, until each step's record is out
+    terms: ScheduleTerms = dataclasses.field(default_factory=ScheduleTerms)
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout:
         """Batch `step` on every rollout host (or from a resumed run's checkpoint). Each host
@@ -137,6 +141,7 @@ class RayActors:
         same prompts and sampling key; the weights the lost batch was started with)."""
         with timer.phase("trainer_idle") if timer else contextlib.nullcontext():
             reports = [self._report(pending, host) for host in range(len(pending.calls))]
+        self.terms.reports[pending.step] = reports
         # A batch ref outlives its actor: the generate call returned (its report is here), so
         # the batch is owned by this driver and sits in this driver (small) or in the node's
         # object store (large), neither of which dies with the actor's worker process. Only a
@@ -201,6 +206,7 @@ class RayActors:
             results = self._from_trainers(refs, during=f"step {step}")
         self.ledger.record(results[0])
         self.in_flight.pop(step, None)
+        self.terms.trained[step] = results
         return results
 
     def _from_trainers(self, refs: list, *, during: str) -> list:
@@ -223,8 +229,15 @@ class RayActors:
         return ray.get(refs)
 
     def exchange(self, record: dict) -> list[dict]:
-        # the driver already holds every host's report; it adds how often rollout hosts restarted
-        return [{**record, "da/rollout_restarts": self.ledger.restarts()}]
+        """The driver already holds every host's report; it adds what its stale schedule
+        measured (Eq. 4's A, the overlap with batch t+1's rollout: `terms.py`; batch t+1 is
+        waited for here where the loop has not yet) and how often rollout hosts restarted."""
+        step = int(record["step"])
+        following = self.in_flight.get(step + 1)
+        if following is not None and step + 1 not in self.terms.reports:
+            self.collect_rollout(following, None)
+        terms = self.terms.record_of(step)
+        return [{**record, **terms, "da/rollout_restarts": self.ledger.restarts()}]
 
     def evaluate(self, published: Published, *, limit: int | None) -> float:
         """Held-out accuracy of `published`, each rollout host scoring its share (a restarted
@@ -330,6 +343,7 @@ def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = Fa
 @contextlib.contextmanager
 def ray_actors(
     layout: Layout,
+    cluster: RaySpec,
     *,
     build_rollout: Callable[..., RolloutHalf],
     build_trainer: Callable[..., TrainerHalf],
@@ -343,11 +357,12 @@ def ray_actors(
     cannot fetch the weights that host published) is reported as that trainer host's death."""
     hosts = Hosts()
     try:
-        with ray_session(layout):
+        with ray_session(layout, cluster):
             try:
                 start_hosts(
                     hosts,
                     layout,
+                    cluster,
                     build_rollout=build_rollout,
                     build_trainer=build_trainer,
                     freeze=freeze_gc,
@@ -357,8 +372,8 @@ def ray_actors(
                     hosts=hosts,
                     ledger=ledger,
                     run_dir=run_dir,
-                    rollout_restarts=layout.rollout_restarts,
-                    restart_timeout_s=layout.rollout_restart_timeout_s,
+                    rollout_restarts=cluster.rollout_restarts,
+                    restart_timeout_s=cluster.rollout_restart_timeout_s,
                 )
             except ray.exceptions.RayError:
                 dead = dead_trainer(hosts.trainers)

@@ -12,14 +12,14 @@
 Lifetimes (issue 13, runs that survive): a rollout host holds nothing that is not rebuilt from
 the config and the published weights, so Ray restarts its actor after its process dies
 (`max_restarts=placement.rollout_restarts`; `__init__` runs again and builds a fresh half); the
-driver then asks it for the lost work again (`ray_transport.py`). A trainer host holds the
+driver then asks it for the lost work again (`transport.py`). A trainer host holds the
 training state, which only a checkpoint restores, so it is never restarted.
 
 The halves come from the factories of a `locoexp.session.RunSpec`, which Ray ships to the
 actors; this module never reads a config and never decides the schedule (`loop.py` does).
 Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_per_host`.
 
-Ray itself (a local cluster, or a joined one) is started and stopped by `ray_session.py`.
+Ray itself (a local cluster, or a joined one) is started and stopped by `session.py`.
 """
 
 import contextlib
@@ -42,6 +42,7 @@ from ray.util.scheduling_strategies import (
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
 from locoexp.errors import ConfigError
+from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler, exchange_annotation
 from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
@@ -60,10 +61,10 @@ from locoexp.placement.launch import (
     host_port,
     initialize_distributed,
 )
-from locoexp.placement.layout import Layout
 from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.placement.phases import load_into_engine
+from locoexp.placement.ray.spec import RaySpec
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 
@@ -256,6 +257,7 @@ class Hosts:
 def start_hosts(
     hosts: Hosts,
     layout: Layout,
+    cluster: RaySpec,
     *,
     build_rollout: Callable[..., RolloutHalf],
     build_trainer: Callable[..., TrainerHalf],
@@ -266,7 +268,7 @@ def start_hosts(
     which listens on `hardware.bind_address` in a local cluster, on its node's address in a
     joined one (each actor binds to its own node's address: `ray start --node-ip-address`).
     `profiler`: the run's profiled steps; each actor traces its own side of them."""
-    places = host_places(hosts, layout)
+    places = host_places(hosts, layout, cluster)
     env = {}
     if layout.cpu:
         env = {"XLA_FLAGS": cpu_device_flags(layout.devices_per_host), "JAX_PLATFORMS": "cpu"}
@@ -285,7 +287,7 @@ def start_hosts(
     for i in range(layout.rollout_hosts):
         hosts.rollouts.append(
             rollout_cls.options(
-                **options(layout.trainer_hosts + i, max_restarts=layout.rollout_restarts)
+                **options(layout.trainer_hosts + i, max_restarts=cluster.rollout_restarts)
             ).remote(
                 build_rollout,
                 index=i,
@@ -295,7 +297,7 @@ def start_hosts(
             )
         )
     port = layout.coordinator_port
-    bind = layout.bind_address if layout.ray_address is None else None
+    bind = None if cluster.joined else layout.bind_address
     coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(port, bind))
     joined = [
         t.join.remote(
@@ -310,7 +312,7 @@ def start_hosts(
     ray.get(joined + [r.__ray_ready__.remote() for r in hosts.rollouts])
 
 
-def host_places(hosts: Hosts, layout: Layout) -> list:
+def host_places(hosts: Hosts, layout: Layout, cluster: RaySpec) -> list:
     """Where each host's actor runs, trainers first. A local cluster: one placement-group bundle
     per host (Ray restarts an actor in its bundle). A joined cluster (`placement.ray_address`):
     one node per host, the trainer hosts on the driver's node first, then every node by address;
@@ -318,7 +320,7 @@ def host_places(hosts: Hosts, layout: Layout) -> list:
     lost on any node with a free CPU (a trainer host is never restarted: its state is the
     checkpoint's, and on the driver's node it shares the driver's fate)."""
     count = layout.trainer_hosts + layout.rollout_hosts
-    if layout.ray_address is None:
+    if not cluster.joined:
         hosts.group = placement_group([{"CPU": 1}] * count, strategy="PACK")
         ray.get(hosts.group.ready())
         return [
@@ -330,7 +332,7 @@ def host_places(hosts: Hosts, layout: Layout) -> list:
     nodes.sort(key=lambda n: (n["NodeID"] != here, ipaddress.ip_address(n["NodeManagerAddress"])))
     if len(nodes) < count:
         raise ConfigError(
-            f"placement.ray_address={layout.ray_address} has {len(nodes)} live node(s) with a "
+            f"placement.ray_address={cluster.address} has {len(nodes)} live node(s) with a "
             f"CPU, and placement=da places its {count} hosts (hardware.hosts) one per node: "
             f"start {count - len(nodes)} more node(s) (`ray start --address=...`) or lower "
             "hardware.hosts."
