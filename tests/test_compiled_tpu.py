@@ -4,6 +4,12 @@ for a TPU slice's devices from libtpu's topology, on this CPU machine, and the v
 These compile for real with XLA-TPU (libtpu comes with the test extra); nothing is allocated
 on a TPU and nothing runs. The compile of a Qwen3-0.6B-shaped cell takes about a minute on two
 cores.
+
+The three whole cells (`run.py ... dry_run=compile`) are `slow` and each its own xdist group
+(conftest.py): minutes of one core each, they start first and run beside the suite's other
+modules instead of one after another on one worker. (Sharing one compile child between the
+two v5e cells, asked in-process, saved 5 of their 173 CPU-seconds: the compiles are the cost,
+not JAX's and libtpu's start.)
 """
 
 import dataclasses
@@ -60,6 +66,8 @@ def test_the_splash_kernel_compiles_for_every_tpu_generation(preset):
     assert compiled.as_text().count("tpu_custom_call") >= 2
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled_tpu_qwen3_cell")
 def test_a_qwen3_0_6b_gsm8k_cell_compiles_for_tpu_v7x_8_and_fits():
     """Qwen3-0.6B's layer shapes (vocabulary, width, heads; 1 of its 28 layers: the compile
     grows by a layer's worth per layer) on GSM8K's caps, co on tpu_v7x_8: the FSDP train step
@@ -128,6 +136,8 @@ def test_a_program_xla_refuses_at_a_cut_is_off_the_line_and_compiles_whole():
     assert not cuts_on_a_line([refused], [refused])
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled_tpu_v5e_refusal")
 def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that_fits():
     """A train step XLA-TPU cannot lay out on a v5e device (the paper's layout: every packed row
     at once) gets XLA's own refusal and figure; the plan's proposal (accumulate gradients over
@@ -196,6 +206,8 @@ def test_each_presets_memory_is_what_xla_tpu_lays_programs_out_in(chip):
     assert hardware.memory_per_device_gib == pytest.approx(available, abs=0.06)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled_tpu_moe_cell")
 def test_a_mixture_of_experts_cell_compiles_its_expert_parallel_layers():
     """The trainer's `expert` mesh axis (EP2) and the engine's expert-parallel replica compile
     for TPU inside the step and the engine's programs."""
