@@ -37,8 +37,9 @@ from locoexp.planner.plan import Plan, capacity_bytes, shared_memory
 # plan ratio measured on a run's peak there is 1.75 (Qwen3-0.6B on GSM8K, co: XLA 36.5 GiB for
 # all processes against the plan's 20.9, the decode loop's temporaries; experiments/LOG.md,
 # session 21), so a third leaves room for 3x. On a TPU slice no share is safe: the plan ranged
-# from 0.11 to 1.41 of XLA-TPU's peak over the paper's cells compiled (LOG, session 22), so a
-# run on a slice always compiles (`plan_decides`).
+# from 0.11 to 1.41 of XLA-TPU's figure over the paper's cells compiled (LOG, session 22; 0.98 to
+# 1.34 of its peak over four recompiled in session 26), so a run on a slice always compiles
+# (`plan_decides`).
 PLAN_ALONE_BELOW = 1 / 3
 
 # repr(config) -> the config XLA compiled and fits (itself, or with a size left to the plan
