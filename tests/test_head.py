@@ -1,6 +1,8 @@
-"""The fused output head + GRPO loss equals autodiff of the plain formulation."""
+"""The fused output head + GRPO loss (the trainer's `head_grads_at_slots`) equals autodiff of the
+plain formulation."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,12 +11,55 @@ import pytest
 from flax import nnx
 
 from locoexp.algo.config import LossAggregation
-from locoexp.algo.grpo import policy_loss
+from locoexp.algo.grpo import loss_denominator, policy_loss
 from locoexp.model.config import ModelConfig
 from locoexp.model.transformer import build_model
-from locoexp.trainer.head import _SHIFT_PROBE, HeadLossSpec, _chunk_step, head_loss, slot_fields
+from locoexp.trainer.head import (
+    _SHIFT_PROBE,
+    HeadLossSpec,
+    _chunk_step,
+    head_grads_at_slots,
+    slot_fields,
+)
 from locoexp.trainer.packing import pack_sequences, train_view
 from locoexp.trainer.trainer import head_weight, loss_position_hidden, token_logprobs
+
+
+def _head_at_slots(spec: HeadLossSpec, hidden, weight, batch):
+    """The trainer's head (`head_grads_at_slots`) over K slots that index K hidden states in
+    order, one lane padded to whole chunks: loss, per-term means, dLoss/dhidden, dLoss/dW."""
+    k = hidden.shape[0]
+    width = -(-k // spec.chunk) * spec.chunk
+    fields = slot_fields(spec, batch)
+    slots = {key: jnp.pad(x, (0, width - k))[None] for key, x in fields.items()}  # mask 0
+    slots["index"] = jnp.minimum(jnp.arange(width), k - 1)[None]
+    denominator = loss_denominator(fields["mask"], spec.aggregation, batch.normalizer)
+    dweight = jnp.zeros(weight.shape, jnp.float32)
+    loss, sums, dh, dw = head_grads_at_slots(
+        spec, hidden, weight, slots, width // spec.chunk, denominator, dweight
+    )
+    count = jnp.maximum(fields["mask"].sum(), 1.0)
+    return loss, {key: value / count for key, value in sums.items()}, dh, dw.astype(weight.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def head_loss(spec: HeadLossSpec, hidden, weight, batch):
+    """(loss, metrics) with the trainer head's own gradients as its VJP (metrics auxiliary)."""
+    return _head_at_slots(spec, hidden, weight, batch)[:2]
+
+
+def _head_loss_fwd(spec, hidden, weight, batch):
+    loss, metrics, dh, dweight = _head_at_slots(spec, hidden, weight, batch)
+    return (loss, metrics), (dh, dweight)
+
+
+def _head_loss_bwd(spec, residuals, cotangents):
+    dh, dweight = residuals
+    scale = cotangents[0]
+    return (scale * dh).astype(dh.dtype), (scale * dweight).astype(dweight.dtype), None
+
+
+head_loss.defvjp(_head_loss_fwd, _head_loss_bwd)
 
 
 def _batch(k_pad: int, seed: int = 0):

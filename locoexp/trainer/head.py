@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from locoexp.algo.config import LossAggregation
-from locoexp.algo.grpo import loss_denominator, per_token_loss
+from locoexp.algo.grpo import per_token_loss
 from locoexp.trainer.packing import TrainBatch
 
 
@@ -167,36 +167,6 @@ def slot_fields(spec: HeadLossSpec, batch: TrainBatch[jax.Array]) -> dict[str, j
     return fields
 
 
-def head_loss_and_grads(
-    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch[jax.Array]
-):
-    """Loss, per-term sums, dLoss/dhidden [K, D] and dLoss/dweight [V, D]."""
-    k = hidden.shape[0]
-    size = min(spec.chunk, k)
-    per_slot = slot_fields(spec, batch)  # the scan's per-chunk inputs
-    mask = per_slot["mask"]
-    denominator = loss_denominator(mask, spec.aggregation, batch.normalizer)
-    per_slot["mask"] = jnp.concatenate([mask, jnp.zeros((-k) % size, jnp.float32)])  # pads count 0
-    chunks = jax.tree.map(lambda x: _chunked(x, size), {"hidden": hidden, **per_slot})
-
-    def run(exact: bool):
-        def step(dweight, c):
-            h = c.pop("hidden")
-            dweight, loss, sums, dh, over = _chunk_step(
-                spec, weight, denominator, dweight, h, c, exact
-            )
-            return dweight, (loss, sums, dh, over)
-
-        dweight = jnp.zeros(weight.shape, jnp.float32)
-        dweight, (losses, sums, dh, over) = jax.lax.scan(step, dweight, chunks)
-        return (dweight, losses, sums, dh), over.any()
-
-    dweight, losses, sums, dh = _exact_if_needed(run)
-    count = jnp.maximum(mask.sum(), 1.0)
-    metrics = {key: value.sum() / count for key, value in sums.items()}
-    return losses.sum(), metrics, dh.reshape(-1, hidden.shape[1])[:k], dweight.astype(weight.dtype)
-
-
 def head_grads_at_slots(
     spec: HeadLossSpec,
     hidden: jax.Array,
@@ -251,28 +221,3 @@ def head_grads_at_slots(
 
     dweight, loss, sums, dhidden = _exact_if_needed(run)
     return loss, sums, dhidden, dweight
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def head_loss(
-    spec: HeadLossSpec, hidden: jax.Array, weight: jax.Array, batch: TrainBatch[jax.Array]
-):
-    """(loss, metrics) of the policy given final hidden states at the K loss positions and the
-    output-head weight [V, D] (the tied embedding or the transposed lm_head kernel)."""
-    loss, metrics, _, _ = head_loss_and_grads(spec, hidden, weight, batch)
-    return loss, metrics
-
-
-def _head_loss_fwd(spec, hidden, weight, batch):
-    loss, metrics, dh, dweight = head_loss_and_grads(spec, hidden, weight, batch)
-    return (loss, metrics), (dh, dweight)
-
-
-def _head_loss_bwd(spec, residuals, cotangents):
-    dh, dweight = residuals
-    scale = cotangents[0]  # metrics are auxiliary outputs: their cotangents are not used
-    # cotangents keep their primals' dtypes (bfloat16 params: a float32 scale must not promote)
-    return (scale * dh).astype(dh.dtype), (scale * dweight).astype(dweight.dtype), None
-
-
-head_loss.defvjp(_head_loss_fwd, _head_loss_bwd)
