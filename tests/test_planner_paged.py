@@ -103,3 +103,9 @@ def test_the_dry_run_states_pages_pool_expected_row_and_its_source_slots_and_wav
     assert "slots per replica" in line and "per engine" in line and "waves" in line
     assert "not a promise" in line and "preempts a row and recomputes it" in line
     assert "KV pool" in text and text.endswith("fits")
+
+
+def test_the_resolved_rollout_takes_the_plans_pool_only_where_left_null():
+    assert paged().at_capacity(8, pool_pages=40).kv_cache_pages_per_replica == 40
+    assert paged(12).at_capacity(8, pool_pages=40).kv_cache_pages_per_replica == 12
+    assert RolloutConfig().at_capacity(8, pool_pages=40).kv_cache_pages_per_replica is None
