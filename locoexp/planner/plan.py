@@ -2,8 +2,8 @@
 
 It owns the two roles' shapes on the hardware (who runs where is `locoexp.layout.Layout`),
 the resolution of `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values
-that fit, and the verdict. It reads sub-configs and scalars, never the root config, and never
-allocates.
+that fit, and the verdict (a paged engine's pool and its slots: `locoexp.planner.pages`). It
+reads sub-configs and scalars, never the root config, and never allocates.
 
 Where the fit is checked: on an accelerator each device has its own memory
 (`hardware.memory_per_device_gib`), so each role's per-device peak must fit it. Colocated roles
@@ -268,8 +268,12 @@ def _page_pool(
     page_bytes = setup.rollout.page_tokens * estimate.kv_bytes_per_token(m, shape)
     spare = None
     if not shared_memory(hw):
-        bare = estimate.estimate_engine(m, shape).total  # pool_pages=0: no pool yet
-        spare = capacity_bytes(hw) - bare - (trainer.resident if setup.layout.colocated else 0)
+        bare = estimate.estimate_engine(m, shape)  # pool_pages=0: no pool yet
+        held = trainer.resident if setup.layout.colocated else 0
+        room = capacity_bytes(hw) - bare.weights - bare.outputs - held
+        spare = room - max(bare.prefill, bare.decode)
+        if shape.continuous_requests:  # a compaction holds a second pool (`_compaction`)
+            spare = min(spare, room // 2)
     pages = pool_pages(
         setup.rollout,
         per_replica=shape.sequences_per_replica,
