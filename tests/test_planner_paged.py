@@ -114,3 +114,4 @@ def test_the_resolved_rollout_takes_the_plans_pool_only_where_left_null():
     assert paged().at_capacity(8, pool_pages=40).kv_cache_pages_per_replica == 40
     assert paged(12).at_capacity(8, pool_pages=40).kv_cache_pages_per_replica == 12
     assert RolloutConfig().at_capacity(8, pool_pages=40).kv_cache_pages_per_replica is None
+    assert paged().at_capacity(8, pool_pages=0).kv_cache_pages_per_replica is None

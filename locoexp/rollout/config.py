@@ -197,8 +197,8 @@ class RolloutConfig:
         left null takes `pool_pages` (the plan's pool, which its capacity was sized by; the
         engine's own null would reserve every slot at its caps)."""
         pages = self.kv_cache_pages_per_replica
-        if self.kv_cache is KVCacheKind.paged and pages is None:
-            pages = pool_pages
+        if self.kv_cache is KVCacheKind.paged and pages is None and pool_pages:
+            pages = pool_pages  # a plan's empty pool (no memory left) stays the engine's null
         return dataclasses.replace(
             self, capacity=capacity, max_sequences_per_replica=0, kv_cache_pages_per_replica=pages
         )
