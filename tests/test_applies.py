@@ -84,7 +84,7 @@ STEP = {
     "rollout.enforce_eager",
 }
 # Known and reported in the branch's note: the swe_agent option describes its data with it, and
-# the plan reads it under trainer.accumulate=false only.
+# the plan reads it under trainer.accumulate=false and rollout.kv_cache=paged only.
 KNOWN_UNREAD = {"dataset.mean_sequence_tokens"}
 
 

@@ -126,7 +126,10 @@ def _shrink(config: Config, result):
         fixed += result.trainer_state if result.colocated else 0
 
         def sized(n: int) -> Config:
-            return dataclasses.replace(config, rollout=config.rollout.at_capacity(n))
+            pages = plan.pool.pages if plan.pool else None  # the pool stays the plan's
+            return dataclasses.replace(
+                config, rollout=config.rollout.at_capacity(n, pool_pages=pages)
+            )
     elif role == "trainer" and config.trainer.micro_batch_rows == 0 and config.trainer.accumulate:
         size, fixed = plan.trainer_shape.micro_batch_rows, result.trainer_state
         fixed += result.engine_weights if result.keeps_engine_weights else 0

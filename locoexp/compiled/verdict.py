@@ -153,7 +153,9 @@ def run_shapes(config: Config) -> RunShapes:
         model=config.model,
         algo=config.algo,
         trainer=dataclasses.replace(config.trainer, micro_batch_rows=micro),
-        rollout=config.rollout.at_capacity(plan.capacity),
+        rollout=config.rollout.at_capacity(
+            plan.capacity, pool_pages=plan.pool.pages if plan.pool else None
+        ),
         adapter=config.adapter,
         sampling=settings.sampling,
         max_new_tokens=config.dataset.max_new_tokens,

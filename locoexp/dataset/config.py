@@ -97,9 +97,11 @@ class DatasetConfig:
     max_new_tokens: int = 8  # response cap
     long_prompts: LongPrompts = LongPrompts.truncate
     # The expected real length of a sequence, prompt + response tokens, in a step's batch; None =
-    # the caps (every sequence P + R tokens, the worst case). Read by the memory plan only, for
-    # the paper's trainer layout (`trainer.accumulate=false`): one pass over the per-device batch
-    # packed at its real lengths (Algorithm 1, line 4), not at the caps. Measured or expected,
+    # the caps (every sequence P + R tokens, the worst case). Read by the memory plan only: for
+    # the paper's trainer layout (`trainer.accumulate=false`), one pass over the per-device batch
+    # packed at its real lengths (Algorithm 1, line 4), not at the caps; and for a paged engine
+    # (`rollout.kv_cache=paged`), the row its page pool's slots are sized by (locoexp/planner/
+    # pages.py; tools/bench_paged_slots.py measures GSM8K's and NuminaMath's). Measured or expected,
     # never fitted to a memory figure (conf/dataset/swe_agent.yaml says where its value is from).
     # Beyond the caps (caps lowered for a small run) it counts as the caps.
     mean_sequence_tokens: int | None = None

@@ -4,7 +4,8 @@ It reads the model, dataset, trainer, rollout and hardware sub-configs and the r
 `locoexp.layout.Layout` (never the root config), resolves `trainer.micro_batch_rows=0` and
 `rollout.capacity=0` to concrete sizes, refuses what does not fit and prints the dry-run report.
 Modules: `estimate` (bytes by term), `plan` (roles on hardware, the fit of one candidate), `fit`
-(resolution and refusal), `report` (the dry-run text). Nothing here allocates.
+(resolution and refusal), `pages` (a paged engine's pool and the slots it holds), `report` (the
+dry-run text). Nothing here allocates.
 """
 
 from locoexp.planner.fit import (

@@ -50,6 +50,9 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
     the embedding and output head split by vocabulary when t divides V (replicated
     otherwise), norms replicated (locoexp/rollout/sharding.py);
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
+    paged (`rollout.kv_cache=paged`): the pool, N pages of `page` tokens per replica at the
+    same bytes per token (locoexp/rollout/paged_slots.py; N is the plan's, planner/pages.py),
+    and a compaction's copy of the whole pool (`_compaction`);
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*P', two copies (scores and
     probabilities; four with a bfloat16 sampler, which also casts them) and the prompt's
     P'-slot KV cache (the chunk loop's carry, widened to S slots after); decode: the
@@ -327,6 +330,9 @@ class EngineShape:
     # briefly holds a cache of at most half the slots beside the whole one.
     continuous_requests: int = 0
     expert_parallel: int = 1  # e: each replica is e x t devices, the experts split E/e
+    # rollout.kv_cache=paged: tokens a page holds and pages per replica's pool (0: dense cache)
+    page_tokens: int = 0
+    pool_pages: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -378,14 +384,22 @@ def _traced_engine_weight_elements(fields: tuple, t: int, e: int) -> int:
     return total
 
 
+def kv_bytes_per_token(c: ModelConfig, shape: EngineShape) -> int:
+    """KV cache bytes of one token on one device of a TP-t replica: every layer's keys and
+    values of its ceil(K/t) KV heads (replicated when t > K), in the sampler's dtype."""
+    kv_heads = math.ceil(c.num_kv_heads / shape.tensor_parallel)
+    return c.num_layers * 2 * kv_heads * c.head_dim * BYTES[shape.dtype]
+
+
 def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
     """Bytes per device of one TP shard of an engine replica in one wave."""
-    t, a, s = shape.tensor_parallel, BYTES[shape.dtype], shape.sequences_per_replica
-    slots = shape.prompt_tokens + shape.new_tokens
-    weights = _engine_weight_elements(c, t, shape.expert_parallel) * a
-    kv_heads = math.ceil(c.num_kv_heads / t)
-    kv_cache = s * (shape.prompt_tokens + shape.new_tokens) * c.num_layers * 2 * kv_heads
-    kv_cache *= c.head_dim * a
+    t, s = shape.tensor_parallel, shape.sequences_per_replica
+    weights = _engine_weight_elements(c, t, shape.expert_parallel) * BYTES[shape.dtype]
+    per_token = kv_bytes_per_token(c, shape)
+    if shape.page_tokens:  # the pool; the dense cache reserves S slots per sequence
+        kv_cache = shape.pool_pages * shape.page_tokens * per_token
+    else:
+        kv_cache = s * (shape.prompt_tokens + shape.new_tokens) * per_token
     chunk = min(shape.prefill_chunk, shape.prompt_tokens)
     heads = math.ceil(c.num_heads / t)
     sampler = dataclasses.replace(c, param_dtype=shape.dtype)
@@ -394,13 +408,25 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
         weights=weights,
         kv_cache=kv_cache,
         # a chunk attends the prompt's P slots; its cache is widened to S after
+        # paged: the same dense prompt cache, then copied into pages (paged_slots.write_prompts)
         prefill=PREFILL_SCORE_COPIES[shape.dtype] * s * heads * chunk * shape.prompt_tokens * F32
-        + kv_cache * shape.prompt_tokens // slots
+        + s * shape.prompt_tokens * per_token
         + s * chunk * routed,
         decode=DECODE_LOGIT_COPIES * s * c.vocab_size // vocab_shards(c, t) * F32 + s * routed,
         outputs=_engine_outputs(shape),
-        compaction=kv_cache // 2 if shape.continuous_requests else 0,
+        compaction=_compaction(kv_cache, shape),
     )
+
+
+def _compaction(kv_cache: int, shape: EngineShape) -> int:
+    """Continuous batching's compaction: a dense cache's narrower copy (at most half the slots)
+    beside the whole one; a paged engine's compaction moves page-table rows only, but its
+    program does not donate the slots, so XLA lays out a second pool beside the first
+    (XLA-TPU, Qwen3-0.6B NuminaMath on v7x, 5,847 pages: the compact program's arguments and
+    outputs 1.49 + 1.49 GiB at 2 layers, no alias; experiments/LOG.md, session 27)."""
+    if not shape.continuous_requests:
+        return 0
+    return kv_cache if shape.page_tokens else kv_cache // 2
 
 
 def _engine_outputs(shape: EngineShape) -> int:

@@ -3,7 +3,8 @@
 `resolve_plan` turns `trainer.micro_batch_rows=0` into the most rows per micro-batch that fit
 (on a shared CPU machine, also within `CPU_MICRO_BATCH_ACTIVATIONS_GIB` of activations)
 and `rollout.capacity=0` into the most sequences per engine that fit, balanced over the waves
-that capacity implies (Appendix E: two waves at 8 chips; Table H1: m x DP sequences per wave).
+that capacity implies (Appendix E: two waves at 8 chips; Table H1: m x DP sequences per wave);
+under `rollout.kv_cache=paged` the most whose expected rows the page pool holds (planner/pages.py).
 `check_fit` refuses a TP degree that does not divide the heads or the devices, and a role that
 does not fit, in one sentence that names settings which do fit. It never allocates.
 """
@@ -129,12 +130,24 @@ def resolve_plan(setup: Setup) -> Plan:
         )
         micro = next(fitting, 1)
     if not fixed:
-        ok = lambda s: fits(build_plan(setup, micro=micro, per_replica=s), hw)[1]  # noqa: E731
-        per_replica = _largest(1, most, ok) or 1
+        per_replica = most_per_replica(setup, micro=micro, most=most)
         waves = -(-requests // (per_replica * setup.replicas))
         per_wave = -(-requests // waves)
         per_replica = -(-per_wave // setup.replicas)  # balance the waves
     return build_plan(setup, micro=micro, per_replica=per_replica)
+
+
+def most_per_replica(setup: Setup, *, micro: int, most: int) -> int:
+    """The most sequences per engine replica, at most `most`, whose plan fits (1 if none). A
+    paged engine's are also the most whose rows of the expected length its pool holds at once
+    (planner/pages.py): the pool, not the caps, sets them."""
+
+    def ok(per_replica: int) -> bool:
+        plan = build_plan(setup, micro=micro, per_replica=per_replica)
+        held = plan.pool is None or plan.pool.holds(per_replica)
+        return fits(plan, setup.hardware)[1] and held
+
+    return _largest(1, most, ok) or 1
 
 
 def resolved_micro_batch_rows(trainer: TrainerConfig, plan: Plan) -> int:
@@ -166,6 +179,9 @@ def _variants(setup: Setup, role: str) -> list[tuple[str, Setup]]:
         out.append(("trainer.micro_batch_rows=0", {"trainer": {"micro_batch_rows": 0}}))
     if engine and r.capacity:
         out.append(("rollout.capacity=0", {"rollout": {"capacity": 0}}))
+    if engine and r.kv_cache_pages_per_replica is not None:  # the plan's pool (planner/pages.py)
+        pool: dict[str, object] = {"kv_cache_pages_per_replica": None}
+        out.append(("rollout.kv_cache_pages_per_replica=null", {"rollout": pool}))
     sampler, cpu = r.param_dtype or m.param_dtype, setup.hardware.platform == "cpu"
     if trainer and t.attention is AttentionKind.dense:
         out.append(
@@ -336,12 +352,25 @@ def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
             f"{t.micro_batch_rows} row{'s' if t.micro_batch_rows > 1 else ''} of {t.row_tokens} "
             "tokens per micro-batch"
         )
+    pool = plan.pool
+    if pool is not None and not pool.holds_one_row_at_caps:
+        return (
+            f"the paged KV pool has {pool.pages} pages of rollout.page_tokens="
+            f"{pool.page_tokens} per replica ({_pool_origin(pool)}) and one row at its caps "
+            f"({pool.caps_tokens} tokens) needs {pool.floor_pages}"
+        )
     return (
         f"the rollout engine needs {_gib(plan.engine_peak)} GiB per device of "
         f"{hw.memory_per_device_gib:.1f} (hardware.memory_per_device_gib) even at "
         f"{plan.engine_shape.sequences_per_replica} sequences per replica at "
         f"rollout.tensor_parallel={setup.rollout.tensor_parallel}"
     )
+
+
+def _pool_origin(pool) -> str:
+    if pool.given:
+        return "rollout.kv_cache_pages_per_replica"
+    return "what is left of each device beside the weights and the engine's transients"
 
 
 def parameters_b(setup: Setup) -> float:

@@ -2,8 +2,8 @@
 
 It owns the two roles' shapes on the hardware (who runs where is `locoexp.layout.Layout`),
 the resolution of `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the largest values
-that fit, and the verdict. It reads sub-configs and scalars, never the root config, and never
-allocates.
+that fit, and the verdict (a paged engine's pool and its slots: `locoexp.planner.pages`). It
+reads sub-configs and scalars, never the root config, and never allocates.
 
 Where the fit is checked: on an accelerator each device has its own memory
 (`hardware.memory_per_device_gib`), so each role's per-device peak must fit it. Colocated roles
@@ -28,6 +28,7 @@ from locoexp.model.config import ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner import estimate
 from locoexp.planner.estimate import GIB, EngineMemory, EngineShape, TrainerMemory, TrainerShape
+from locoexp.planner.pages import PagePool, build_pool, paged, pool_pages
 from locoexp.rollout.config import EngineKind, RolloutConfig, Scheduler
 from locoexp.rollout.engine import padded_prompt_tokens
 from locoexp.rollout.sharding import resolve_expert_parallel
@@ -63,6 +64,7 @@ class Plan:
     capacity: int  # sequences per engine per wave (rollout.capacity resolved)
     waves: int
     machine_total: int  # hardware=cpu: all local processes together; else 0
+    pool: PagePool | None = None  # rollout.kv_cache=paged: the pool in place of the dense cache
 
     @property
     def trainer_devices(self) -> int:
@@ -144,7 +146,8 @@ def _engine_shape(
     requests: int,
     expert_parallel: int = 1,
 ) -> EngineShape:
-    continuous = rollout.engine is EngineKind.jax and rollout.scheduler is Scheduler.continuous
+    jax_engine = rollout.engine is EngineKind.jax
+    continuous = jax_engine and rollout.scheduler is Scheduler.continuous
     return EngineShape(
         tensor_parallel=rollout.tensor_parallel,
         sequences_per_replica=sequences,
@@ -154,6 +157,7 @@ def _engine_shape(
         dtype=rollout.param_dtype or model.param_dtype,
         continuous_requests=requests if continuous else 0,
         expert_parallel=expert_parallel,
+        page_tokens=rollout.page_tokens if jax_engine and paged(rollout) else 0,
     )
 
 
@@ -221,6 +225,9 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         expert_parallel=setup.engine_expert_parallel,
     )
     trainer = estimate.estimate_trainer(m, count_parameters_by_formula(m), tshape)
+    pool = None
+    if eshape.page_tokens:
+        eshape, pool = _page_pool(setup, eshape, trainer)
     engine = estimate.estimate_engine(m, eshape)
     # Table H2: with rollout.release_weights_during_training the engine's copy is freed for
     # the train step (the KV cache is per wave, freed after generation either way)
@@ -247,7 +254,35 @@ def build_plan(setup: Setup, *, micro: int, per_replica: int) -> Plan:
         capacity=capacity,
         waves=-(-setup.requests_per_engine // capacity),
         machine_total=machine_total(setup, trainer_peak, engine_peak, publication),
+        pool=pool,
     )
+
+
+def _page_pool(
+    setup: Setup, shape: EngineShape, trainer: TrainerMemory
+) -> tuple[EngineShape, PagePool]:
+    """A paged engine's shape with its pool (planner/pages.py): on an accelerator a null pool
+    takes what each device has left beside the engine's weights and transients (and a
+    colocated device's trainer params and AdamW state) at these slots."""
+    m, hw = setup.model, setup.hardware
+    page_bytes = setup.rollout.page_tokens * estimate.kv_bytes_per_token(m, shape)
+    spare = None
+    if not shared_memory(hw):
+        bare = estimate.estimate_engine(m, shape)  # pool_pages=0: no pool yet
+        held = trainer.resident if setup.layout.colocated else 0
+        room = capacity_bytes(hw) - bare.weights - bare.outputs - held
+        spare = room - max(bare.prefill, bare.decode)
+        if shape.continuous_requests:  # a compaction holds a second pool (`_compaction`)
+            spare = min(spare, room // 2)
+    pages = pool_pages(
+        setup.rollout,
+        per_replica=shape.sequences_per_replica,
+        row_tokens=shape.prompt_tokens + shape.new_tokens,
+        spare_bytes=spare,
+        page_bytes=page_bytes,
+    )
+    pool = build_pool(setup.rollout, setup.dataset, pages=pages, page_bytes=page_bytes)
+    return dataclasses.replace(shape, pool_pages=pages), pool
 
 
 def machine_total(setup: Setup, trainer_peak: int, engine_peak: int, publication: int) -> int:
@@ -285,9 +320,11 @@ def capacity_bytes(hardware: HardwareConfig) -> int:
 
 
 def fits(plan: Plan, hardware: HardwareConfig) -> tuple[bool, bool]:
-    """(trainer fits, engine fits) on `hardware`."""
+    """(trainer fits, engine fits) on `hardware`; a paged engine also needs a pool that holds
+    one row at its caps (else that row could never finish: the engine refuses it too)."""
     limit = capacity_bytes(hardware)
+    pool = plan.pool is None or plan.pool.holds_one_row_at_caps
     if shared_memory(hardware):
         ok = plan.machine_total <= limit
-        return ok, ok
-    return plan.trainer_peak <= limit, plan.engine_peak <= limit
+        return ok, ok and pool
+    return plan.trainer_peak <= limit, plan.engine_peak <= limit and pool

@@ -105,9 +105,10 @@ def _object_store(plan: Plan) -> str:
 
 def _engine_line(setup: Setup, plan: Plan) -> str:
     e, s, roles = plan.engine, plan.engine_shape, setup.layout
+    kv = "KV pool" if plan.pool else "KV cache"
     terms = [
         f"weights {_gib(e.weights)}",
-        f"KV cache {_gib(e.kv_cache)}",
+        f"{kv} {_gib(e.kv_cache)}",
         f"max(prefill chunk {_gib(e.prefill)}, decode logits {_gib(e.decode)}{_compaction(e)})",
         f"outputs {_gib(e.outputs)}",
     ]
@@ -121,6 +122,41 @@ def _engine_line(setup: Setup, plan: Plan) -> str:
         f"{plan.requests_per_engine} requests per engine{busiest} {_batching(plan, s)}, "
         f"{s.sequences_per_replica} per replica; {_gib(plan.engine_peak)} GiB per device = "
         + " + ".join(terms)
+    )
+
+
+def _pool_line(setup: Setup, plan: Plan) -> str:
+    """rollout.kv_cache=paged: the pool, where its size and the expected row come from, the
+    slots they give, and what happens when rows run longer than expected."""
+    pool, s = plan.pool, plan.engine_shape
+    assert pool is not None, "a paged plan has a pool"
+    if pool.given:
+        origin = "rollout.kv_cache_pages_per_replica"
+    elif shared_memory(setup.hardware):
+        origin = "rollout.kv_cache_pages_per_replica=null: every slot at its caps (hardware=cpu)"
+    else:
+        trainer = ", the trainer's params and AdamW" if setup.layout.colocated else ""
+        origin = (
+            "rollout.kv_cache_pages_per_replica=null: what each device has left beside the "
+            f"weights{trainer} and the engine's transients, at most every slot at its caps"
+        )
+    over = s.sequences_per_replica > pool.expected_rows
+    excess = (
+        f"; its {s.sequences_per_replica} slots per replica exceed the {pool.expected_rows} "
+        "expected rows the pool holds: expect waits and preemptions"
+        if over
+        else ""
+    )
+    return (
+        f"paged KV cache (rollout.kv_cache=paged): {pool.pages} pages of {pool.page_tokens} "
+        f"tokens per replica ({origin}), {_gib(pool.bytes_per_device)} GiB per device; expected "
+        f"row {pool.expected_row_tokens} tokens ({pool.expected_source}), {pool.expected_row_pages}"
+        f" pages: the pool holds {pool.expected_rows} such rows at once, "
+        f"{pool.pages // pool.floor_pages} at the caps ({pool.caps_tokens} tokens); "
+        f"{s.sequences_per_replica} slots per replica, {plan.capacity} per engine, "
+        f"{_n(plan.waves, 'wave')}{excess}. The expected length is a plan, not a promise: rows "
+        "longer than expected run the pool dry, and the engine then waits for pages, then "
+        "preempts a row and recomputes it (vLLM's rule): slower, never out of memory"
     )
 
 
@@ -204,6 +240,7 @@ def describe_plan(setup: Setup, *, hosts_note: str = "") -> str:
         _hardware_line(setup, hosts_note),
         _trainer_line(setup, plan),
         _engine_line(setup, plan),
+        *([_pool_line(setup, plan)] if plan.pool else []),
     ]
     if shared_memory(setup.hardware):
         lines.append(

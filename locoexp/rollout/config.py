@@ -82,9 +82,15 @@ class RolloutConfig:
     # on W1 (experiments/LOG.md, session 25).
     kv_cache: KVCacheKind = KVCacheKind.dense
     page_tokens: int = 16  # tokens a page holds (rollout.kv_cache=paged)
-    # Pages in each replica's pool, per layer; null = enough for every slot at its caps (the
-    # dense cache's memory). Fewer pages are the saving: rows of their real lengths share them.
-    # It must hold one row at its caps (dataset.max_prompt_tokens + dataset.max_new_tokens).
+    # Pages in each replica's pool, per layer. Fewer pages than every slot at its caps are the
+    # saving: rows of their real lengths share them. It must hold one row at its caps
+    # (dataset.max_prompt_tokens + dataset.max_new_tokens). null = the plan's (locoexp/planner/
+    # pages.py): on an accelerator what each device has left beside the weights and the
+    # transients, at most every slot at its caps; on hardware=cpu every slot at its caps (an
+    # engine built directly, without a plan, takes that too). Under `capacity: 0` the plan then
+    # sizes the slots by the pool and the expected row, `dataset.mean_sequence_tokens` (the caps
+    # where null), and the dry run states both; rows longer than expected make the engine wait
+    # and preempt (above), never run out of memory.
     kv_cache_pages_per_replica: int | None = None
     # Weights, activations and KV cache of the engine; null = model.param_dtype. bfloat16 with a
     # float32 trainer is Table I3's cost-to-learn recipe: publication casts into it.
@@ -185,10 +191,17 @@ class RolloutConfig:
             "of the two.",
         )
 
-    def at_capacity(self, capacity: int) -> "RolloutConfig":
+    def at_capacity(self, capacity: int, *, pool_pages: int | None = None) -> "RolloutConfig":
         """This config with its capacity fixed at `capacity` (the plan's or XLA's), the
-        per-replica cap dropped: the sized capacity already honours it."""
-        return dataclasses.replace(self, capacity=capacity, max_sequences_per_replica=0)
+        per-replica cap dropped: the sized capacity already honours it. A paged engine's pool
+        left null takes `pool_pages` (the plan's pool, which its capacity was sized by; the
+        engine's own null would reserve every slot at its caps)."""
+        pages = self.kv_cache_pages_per_replica
+        if self.kv_cache is KVCacheKind.paged and pages is None and pool_pages:
+            pages = pool_pages  # a plan's empty pool (no memory left) stays the engine's null
+        return dataclasses.replace(
+            self, capacity=capacity, max_sequences_per_replica=0, kv_cache_pages_per_replica=pages
+        )
 
 
 @dataclasses.dataclass(frozen=True)

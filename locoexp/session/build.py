@@ -13,7 +13,7 @@ from locoexp.config import Config
 from locoexp.model.config import DType
 from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
-from locoexp.planner import Setup, check_fit, resolved_micro_batch_rows
+from locoexp.planner import Plan, Setup, check_fit, resolved_micro_batch_rows
 from locoexp.planner.estimate import publication_bytes
 from locoexp.planner.plan import object_store_bytes, trainer_row_tokens
 from locoexp.rollout.config import SamplingParams
@@ -65,7 +65,7 @@ def build_spec(config: Config) -> RunSpec:
     trainer = dataclasses.replace(
         c.trainer, micro_batch_rows=resolved_micro_batch_rows(c.trainer, resolved)
     )
-    rollout = c.rollout.at_capacity(resolved.capacity)
+    rollout = c.rollout.at_capacity(resolved.capacity, pool_pages=_pool_pages(resolved))
     halves = HalvesSpec(
         model=c.model,
         algo=c.algo,
@@ -93,6 +93,11 @@ def build_spec(config: Config) -> RunSpec:
         logger=c.logger,
         profile_steps=frozenset(c.profile_steps),
     )
+
+
+def _pool_pages(plan: Plan) -> int | None:
+    """The plan's page pool per replica (rollout.kv_cache=paged), None for a dense cache."""
+    return plan.pool.pages if plan.pool else None
 
 
 def sampler_dtype(config: Config) -> DType:
