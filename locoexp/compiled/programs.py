@@ -234,7 +234,8 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
         out.append(_compiled("engine", "decode", loop, engine.mesh))
         if floor:
             compact = slots.jit("compact", (call, floor, requests, width))
-            out.append(_compiled("engine", "compact", lambda: compact.lower(state), engine.mesh))
+            narrow = lambda: compact.lower(*slots.compact_args(state))  # noqa: E731
+            out.append(_compiled("engine", "compact", narrow, engine.mesh))
     return out
 
 

@@ -52,7 +52,7 @@ Engine (locoexp/rollout), one replica per TP group of t devices:
   KV cache of one wave: s*S*layers*2*ceil(K/t)*h*a_s (KV heads replicated when t > K);
     paged (`rollout.kv_cache=paged`): the pool, N pages of `page` tokens per replica at the
     same bytes per token (locoexp/rollout/paged_slots.py; N is the plan's, planner/pages.py),
-    and a compaction's copy of the whole pool (`_compaction`);
+    which a compaction hands back in place (`_compaction`);
   prefill of one chunk of c tokens: float32 scores s*(H/t)*c*P', two copies (scores and
     probabilities; four with a bfloat16 sampler, which also casts them) and the prompt's
     P'-slot KV cache (the chunk loop's carry, widened to S slots after); decode: the
@@ -420,13 +420,11 @@ def estimate_engine(c: ModelConfig, shape: EngineShape) -> EngineMemory:
 
 def _compaction(kv_cache: int, shape: EngineShape) -> int:
     """Continuous batching's compaction: a dense cache's narrower copy (at most half the slots)
-    beside the whole one; a paged engine's compaction moves page-table rows only, but its
-    program does not donate the slots, so XLA lays out a second pool beside the first
-    (XLA-TPU, Qwen3-0.6B NuminaMath on v7x, 5,847 pages: the compact program's arguments and
-    outputs 1.49 + 1.49 GiB at 2 layers, no alias; experiments/LOG.md, session 27)."""
-    if not shape.continuous_requests:
+    beside the whole one. A paged engine's compaction moves page-table rows only and its pools
+    go in donated and come back in place (`SlotPrograms.compact_args`): nothing cache-sized."""
+    if not shape.continuous_requests or shape.page_tokens:
         return 0
-    return kv_cache if shape.page_tokens else kv_cache // 2
+    return kv_cache // 2
 
 
 def _engine_outputs(shape: EngineShape) -> int:

@@ -272,8 +272,6 @@ def _page_pool(
         held = trainer.resident if setup.layout.colocated else 0
         room = capacity_bytes(hw) - bare.weights - bare.outputs - held
         spare = room - max(bare.prefill, bare.decode)
-        if shape.continuous_requests:  # a compaction holds a second pool (`_compaction`)
-            spare = min(spare, room // 2)
     pages = pool_pages(
         setup.rollout,
         per_replica=shape.sequences_per_replica,

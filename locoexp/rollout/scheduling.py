@@ -129,8 +129,24 @@ class SlotPrograms:
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
                 fn = functools.partial(programs.compact, width=width, replicas=self.replicas)
+                if self.paged:  # the pools go in apart and donated (`compact_args`)
+                    fn = functools.partial(_compact_beside_pools, fn)
+                    return jax.jit(fn, out_shardings=out, donate_argnums=(0,))
                 return jax.jit(fn, out_shardings=out)
         raise ValueError(f"no slot program {kind!r}")
+
+    def compact_args(self, state: programs.Slots) -> tuple:
+        """The compact program's arguments. A paged cache's pools are the slots' largest arrays
+        and a compaction only moves page-table rows, so they go in as an argument of their own,
+        donated, and come back in place (aliased); passed inside the slots, XLA laid out a copy
+        of every pool beside them (XLA-TPU, Qwen3-0.6B NuminaMath on v7x: the compact
+        program's arguments and outputs 1.49 + 1.49 GiB at 2 layers, no alias; experiments/
+        LOG.md, session 27). A dense cache narrows every array: nothing to hand back."""
+        if not self.paged:
+            return (state,)
+        cache = state.cache
+        assert isinstance(cache, PagedCache)
+        return cache.pools, state._replace(cache=cache._replace(pools=()))
 
     def _slot_shardings(self) -> programs.Slots:
         rows, cache = (
@@ -239,8 +255,9 @@ def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width
         source = static[1]  # each replica keeps its own rows: the busiest one sets the width
         static = (call, min(w for w in narrower if w // slots.replicas >= live.max()), total)
         # keyed by the width compacted from too: 16 -> 4 and 8 -> 4 take different inputs
-        program = slots.program("compact", (*static, source), state)
-        state = clock.timed("decode_s", program, state)
+        args = slots.compact_args(state)
+        program = slots.program("compact", (*static, source), *args)
+        state = clock.timed("decode_s", program, *args)
     tokens, logprobs, lengths, counts = jax.device_get(
         (state.tokens, state.logprobs, state.lengths, state.counts)
     )
@@ -269,3 +286,10 @@ def host_requests(
     """`Requests` of host arrays ([R, P], [R], [R] int32), placed by the jitted call that takes
     them (its annotations say device arrays)."""
     return programs.Requests(prompts, prompt_lens, caps, np.int32(first))  # type: ignore[arg-type]
+
+
+def _compact_beside_pools(compact, pools, slots: programs.Slots) -> programs.Slots:
+    """`compact` of slots whose paged cache's pools came in apart (`SlotPrograms.compact_args`):
+    the pools are handed back as they came, which their donation lets XLA do in place."""
+    narrowed = compact(slots)
+    return narrowed._replace(cache=narrowed.cache._replace(pools=pools))
