@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.model.moe import expert_mesh
+from locoexp.model.paged_kernel import paged_kernel_for
 from locoexp.rollout import decode as programs
 from locoexp.rollout import sharding
 from locoexp.rollout.config import Scheduler
@@ -92,6 +93,8 @@ class SlotPrograms:
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
         self.vocab_shards = vocab_shards
         self.replicated = NamedSharding(mesh, PS())
+        # a paged cache on TPU attends with the ragged paged attention kernel (issue 42)
+        self.paged_kernel = paged_kernel_for(mesh, data=sharding.DATA, tensor=sharding.TENSOR)
         self._compiled: dict[tuple[str, tuple[Any, ...]], jax.stages.Compiled] = {}
 
     @property
@@ -124,7 +127,8 @@ class SlotPrograms:
                 fn = functools.partial(
                     programs.run, self.graphdef, floor=static[3], refill=static[4],
                     replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
-                    page_tokens=self.paged.page_tokens if self.paged else 0, **sampler,
+                    page_tokens=self.paged.page_tokens if self.paged else 0,
+                    paged_kernel=self.paged_kernel if self.paged else None, **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
