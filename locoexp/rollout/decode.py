@@ -441,6 +441,20 @@ def run(
     return jax.lax.while_loop(cond, body, fill(slots) if refill or paged else slots)
 
 
+def iteration(
+    graphdef, params, slots: Slots, requests: Requests, *, sampling, eos_id, vocab_shards=1,
+    replicas=1, page_tokens=0, paged_kernel: PagedKernel | None = None,
+) -> Slots:  # fmt: skip
+    """One decode iteration, `run`'s loop body without its refill rounds, as a program of its
+    own: XLA's cost analysis counts a while loop's body once whatever its trip count, so one
+    iteration's figures are read from this program (tools/bench_paged_tpu_bytes.py)."""
+    return _decode_iteration(
+        nnx.merge(graphdef, params), slots, requests, sampling=sampling, eos_id=eos_id,
+        vocab_shards=vocab_shards, replicas=replicas, page_tokens=page_tokens,
+        paged_kernel=paged_kernel,
+    )  # fmt: skip
+
+
 def compact(slots: Slots, *, width, replicas) -> Slots:
     """Each replica's live slots first, the first `width` / `replicas` of them kept (every live
     one: the engine asks for a width whose share per replica is at least the busiest replica's

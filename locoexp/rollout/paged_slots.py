@@ -4,7 +4,8 @@ The slots' cache is a `PagedCache`: per layer a pool of pages per data-parallel 
 paged attention's layout ([r, N, page, 2E, h], keys at even heads), and the allocator's state
 (locoexp/rollout/pages.py): each replica's free pages and each slot's page table. A row's
 tokens sit at positions 0.. of its pages (its prompt is not left-padded there); a decode
-iteration attends over its own pages only (locoexp/model/paged.py).
+iteration attends over its own pages only (locoexp/model/paged.py; on TPU JAX's ragged paged
+attention kernel, locoexp/model/paged_kernel.py).
 
 The programs of locoexp/rollout/decode.py call this module at four points:
 - a prefill (`start`'s first rows, a refill's row) is computed dense over the padded prompt as

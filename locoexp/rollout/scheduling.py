@@ -111,7 +111,8 @@ class SlotPrograms:
 
     def jit(self, kind: str, static: tuple):
         """`start` (static: call, width, requests), `compact` (call, width, requests, the width
-        compacted from) or `run` (call, width, requests, floor, refill)."""
+        compacted from), `run` (call, width, requests, floor, refill) or `iteration` (call,
+        width, requests: one decode iteration)."""
         call, width = static[0], static[1]
         sampler = dict(sampling=call.sampling, eos_id=self.eos_id, vocab_shards=self.vocab_shards)
         out = self._slot_shardings()
@@ -127,14 +128,25 @@ class SlotPrograms:
                 fn = functools.partial(
                     programs.run, self.graphdef, floor=static[3], refill=static[4],
                     replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
-                    page_tokens=self.paged.page_tokens if self.paged else 0,
-                    paged_kernel=self.paged_kernel if self.paged else None, **sampler,
+                    **self._paging(), **sampler,
+                )  # fmt: skip
+                return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
+            case "iteration":  # one decode iteration alone (its figures: `iteration`)
+                fn = functools.partial(
+                    programs.iteration, self.graphdef, replicas=self.replicas,
+                    **self._paging(), **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
                 fn = functools.partial(programs.compact, width=width, replicas=self.replicas)
                 return jax.jit(fn, out_shardings=out)
         raise ValueError(f"no slot program {kind!r}")
+
+    def _paging(self) -> dict[str, Any]:
+        """The decode programs' paged-cache settings (none for the dense cache)."""
+        if self.paged is None:
+            return dict(page_tokens=0, paged_kernel=None)
+        return dict(page_tokens=self.paged.page_tokens, paged_kernel=self.paged_kernel)
 
     def _slot_shardings(self) -> programs.Slots:
         rows, cache = (
