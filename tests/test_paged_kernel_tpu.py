@@ -11,8 +11,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as tuned
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as PS
 from test_compiled_tpu import run_py
 
 from locoexp.compiled import programs, topology
@@ -75,6 +78,31 @@ def test_block_sizes_come_from_the_kernels_table_by_the_target_device_kind(monke
     assert paged_kernel.block_sizes("TPU7x", *args) == (16, 32)  # (128, 32) capped by Q
     qwen = (jnp.bfloat16, 16, 8, 128, 16, 64, 160)
     assert paged_kernel.block_sizes("TPU v6 lite", *qwen) == (128, 32)
+
+
+def test_qwen3_0_6b_float32_pages_at_numinamath_caps_compile_on_v5e():
+    """The kernel's default block (128 pages) of Qwen3-0.6B's float32 pool is 32 MiB of
+    double-buffered pages: over the compiler's default scoped VMEM on v5e
+    ("CompileTimeScopedVmemOom"), within the limit the call raises it to (3/4 of v5e's 128
+    MiB), so it compiles at that block."""
+    hardware = compose_config(["hardware=tpu_v5e_4"]).hardware
+    device = topology.topology_devices(hardware)[0]
+    mesh = Mesh(np.array([device]).reshape(1, 1), ("data", "tensor"))
+    kernel = paged_kernel.PagedKernel(mesh, "data", "tensor")
+    slots, pages = 32, 768  # 4,096 + 8,192 tokens a row in pages of 16
+    at = NamedSharding(mesh, PS())
+    pool = jax.ShapeDtypeStruct((1, slots * pages, 16, 16, 128), jnp.float32, sharding=at)
+    q = jax.ShapeDtypeStruct((slots, 16, 128), jnp.float32, sharding=at)
+    table = jax.ShapeDtypeStruct((slots, pages), jnp.int32, sharding=at)
+    lengths = jax.ShapeDtypeStruct((slots,), jnp.int32, sharding=at)
+    call = jax.jit(lambda *a: paged_kernel.ragged_decode_attention(kernel, *a))
+    assert "tpu_custom_call" in call.lower(q, pool, table, lengths).compile().as_text()
+    with jax.set_mesh(mesh):
+        limit = paged_kernel.vmem_limit()
+        one = jax.ShapeDtypeStruct(pool.shape[1:], pool.dtype)  # one device's pages
+        assert paged_kernel.fit_vmem(one, 16, 128, 32, limit) == 128
+        assert paged_kernel.fit_vmem(one, 16, 128, 32, 16 * 2**20) < 128  # the default scope
+    assert limit == 96 * 2**20
 
 
 def test_layers_the_kernel_cannot_take_are_named_with_the_reason():

@@ -25,10 +25,11 @@ Two kinds of figure, labelled so in the output:
 - model: the bytes the kernel's DMAs read by construction (kernel.py,
   `MultiPageAsyncCopyDescriptor`): per layer and row, its pages rounded up to whole blocks of
   `num_kv_pages_per_block` pages (every block copies that many pages; one past the row's end
-  copies the row's first page again), at the block size `paged_kernel.block_sizes` gives the
-  target. The paged iteration's model figure is XLA's plus these DMAs. At a row length mix it
-  is averaged over each row's own decode iterations (a row of prompt p and completion c is at
-  p + 1 .. p + c tokens).
+  copies the row's first page again), at the block size the engine's call takes on the target
+  (`paged_kernel.block_sizes`, halved by `fit_vmem` where its blocks would not fit VMEM). The
+  paged iteration's model figure is XLA's plus these DMAs. At a row length mix it is averaged
+  over each row's own decode iterations (a row of prompt p and completion c is at p + 1 ..
+  p + c tokens).
 The length mixes are the datasets' reference solutions (GSM8K train's `answer`, the stored
 NuminaMath-CoT rows' `solution`) after their chat-formatted prompts, in Qwen3 tokens, capped at
 the caps: a policy's completions (Qwen3 thinking) may be longer.
@@ -51,7 +52,7 @@ from locoexp.compiled.programs import abstract_model
 from locoexp.compose import compose_config
 from locoexp.dataset.prompts import encode_chat_prompt
 from locoexp.model.moe import expert_mesh
-from locoexp.model.paged_kernel import block_sizes
+from locoexp.model.paged_kernel import block_sizes, fit_vmem, vmem_limit
 from locoexp.rollout import decode, scheduling
 from locoexp.rollout.config import SamplingParams
 from locoexp.rollout.engine import JaxEngine, padded_prompt_tokens
@@ -173,7 +174,12 @@ def bench(dataset: str, device, width: int) -> list[dict]:
     m, dtype = paged.model, jnp.dtype(ARGS.dtype)
     page, layers = paged.rollout.page_tokens, m.num_layers
     kind = device.device_kind
-    per_block, _ = block_sizes(kind, dtype, m.num_heads, m.num_kv_heads, m.head_dim, page, width, q)
+    per_block, queries = block_sizes(
+        kind, dtype, m.num_heads, m.num_kv_heads, m.head_dim, page, width, q
+    )
+    pool = jax.ShapeDtypeStruct((width * q, page, 2 * m.num_kv_heads, m.head_dim), dtype)
+    with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("x",))):  # the target's VMEM
+        per_block = fit_vmem(pool, m.num_heads, per_block, queries, vmem_limit())
     itemsize = dtype.itemsize
     page_bytes = page * 2 * m.num_kv_heads * m.head_dim * itemsize  # one layer's page
     pools = layers * width * q * page_bytes  # the pools' size (every slot at its caps)

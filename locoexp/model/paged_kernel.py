@@ -15,11 +15,13 @@ the cache heads it holds). No page, row or head crosses devices: no collective.
 
 The kernel picks its block sizes from a table of tuned sizes keyed by `jax.devices()[0]`, which
 on a machine compiling for a TPU without one is the CPU; `block_sizes` looks the same table up
-by the target devices' `device_kind` instead. Where the kernel cannot take a layer's shapes
-(`unusable`: head_dim other than 128, which its Mosaic lowering refuses, or heads it cannot
-tile), that layer runs the XLA path on TPU too, with a stated reason: `dry_run=compile` prints
-`kernel_note` (Gemma4's 256- and 512-wide heads run the XLA path). A fallback, not a refusal:
-the XLA path compiles and runs on TPU, and gives the same tokens.
+by the target devices' `device_kind` instead; where a block's pages would not fit the kernel's
+VMEM (`fit_vmem`, under the limit `vmem_limit` raises it to) the block is halved. Where the
+kernel cannot take a layer's shapes (`unusable`: head_dim other than 128, which its Mosaic
+lowering refuses, or heads it cannot tile), that layer runs the XLA path on TPU too, with a
+stated reason: `dry_run=compile` prints `kernel_note` (Gemma4's 256- and 512-wide heads run the
+XLA path). A fallback, not a refusal: the XLA path compiles and runs on TPU, and gives the same
+tokens.
 
 It owns the kernel's call only: no allocation, no writes into the pool (`paged.attend_paged`).
 
@@ -32,6 +34,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as tuned
 from jax.sharding import Mesh
@@ -139,6 +142,8 @@ def _one_device(
     per_block, queries = block_sizes(
         device_kind, pages.dtype, heads, combined // 2, h, page_tokens, slots, table.shape[1]
     )
+    limit = vmem_limit()
+    per_block = fit_vmem(pages, heads, per_block, queries, limit)
     out = rpa.ragged_paged_attention(
         q.astype(pages.dtype),
         pages,
@@ -150,8 +155,42 @@ def _one_device(
         sliding_window=window or None,
         num_kv_pages_per_block=per_block,
         num_queries_per_block=queries,
+        vmem_limit_bytes=limit,
     )
     return out.astype(q.dtype)
+
+
+def vmem_limit() -> int:
+    """The kernel's scoped VMEM limit on the TPU traced for (inside `shard_map` or
+    `jax.set_mesh` of its devices): 3/4 of a core's VMEM (v5e and v6e 96 MiB, v7x 48 MiB). The
+    compiler's default scope is smaller: the kernel's default block (128 pages) for
+    Qwen3-0.6B's float32 pool on v5e, 32 MiB of double-buffered pages, failed to compile with
+    it ("CompileTimeScopedVmemOom"); tpu-inference raises its kernel's limit likewise."""
+    return pltpu.get_tpu_info().vmem_capacity_bytes * 3 // 4
+
+
+def fit_vmem(
+    pages: Array | jax.ShapeDtypeStruct, q_heads: int, per_block: int, queries: int, limit: int
+) -> int:
+    """`per_block` pages a kv block, halved until the kernel's blocks fit `limit` bytes."""
+    while per_block > 1 and _vmem_bytes(pages, q_heads, per_block, queries) > limit:
+        per_block //= 2
+    return per_block
+
+
+def _vmem_bytes(
+    pages: Array | jax.ShapeDtypeStruct, q_heads: int, per_block: int, queries: int
+) -> int:
+    """VMEM the kernel's blocks take (kernel.py's scratch and blocks): the double-buffered kv
+    pages of a heads block, q and out blocks (each double-buffered), the float32 accumulator
+    and the softmax's l and m rows (128 lanes each)."""
+    _, page_tokens, combined, h = pages.shape
+    item = pages.dtype.itemsize
+    q_block, kv_block = rpa.get_min_heads_per_blk(q_heads, combined, pages.dtype, pages.dtype)
+    rows = queries * q_block // (kv_block // 2)  # queries x query heads a KV head
+    kv = 2 * per_block * page_tokens * kv_block * h * item
+    q_and_out = 2 * 2 * queries * q_block * h * item
+    return kv + q_and_out + queries * q_block * h * 4 + 2 * (kv_block // 2) * rows * 128 * 4
 
 
 def kernel_note(model: ModelConfig, tensor_parallel: int, dtype) -> str:
