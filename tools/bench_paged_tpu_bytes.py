@@ -165,6 +165,18 @@ def mean_dma_pages(prompts, completions, page: int, per_block: int) -> float:
     return float(np.mean(per_row))
 
 
+def kernel_block(device, m, dtype, page: int, width: int, q: int) -> int:
+    """The kv pages a block the engine's kernel call takes on `device` for model `m`'s layer:
+    the tuned table's (`block_sizes`), halved where it would not fit VMEM (`fit_vmem`)."""
+    per_block, queries = block_sizes(
+        device.device_kind, dtype, m.num_heads, m.num_kv_heads, m.head_dim, page, width, q
+    )
+    pool = jax.ShapeDtypeStruct((width * q, page, 2 * m.num_kv_heads, m.head_dim), dtype)
+    with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("x",))):  # the target's VMEM
+        per_block = fit_vmem(pool, m.num_heads, per_block, queries, vmem_limit())
+    return per_block
+
+
 def bench(dataset: str, device, width: int) -> list[dict]:
     """One dataset's rows of the table: dense and paged, at the caps and at the length mix."""
     out = []
@@ -173,13 +185,7 @@ def bench(dataset: str, device, width: int) -> list[dict]:
     paged_bytes, paged_s, _, _ = cost_at_depth(dataset, "paged", device, width)
     m, dtype = paged.model, jnp.dtype(ARGS.dtype)
     page, layers = paged.rollout.page_tokens, m.num_layers
-    kind = device.device_kind
-    per_block, queries = block_sizes(
-        kind, dtype, m.num_heads, m.num_kv_heads, m.head_dim, page, width, q
-    )
-    pool = jax.ShapeDtypeStruct((width * q, page, 2 * m.num_kv_heads, m.head_dim), dtype)
-    with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("x",))):  # the target's VMEM
-        per_block = fit_vmem(pool, m.num_heads, per_block, queries, vmem_limit())
+    per_block = kernel_block(device, m, dtype, page, width, q)
     itemsize = dtype.itemsize
     page_bytes = page * 2 * m.num_kv_heads * m.head_dim * itemsize  # one layer's page
     pools = layers * width * q * page_bytes  # the pools' size (every slot at its caps)
@@ -187,7 +193,7 @@ def bench(dataset: str, device, width: int) -> list[dict]:
     prompts, completions = length_mix(dataset, paged)
     common = dict(
         dataset=dataset,
-        device=kind,
+        device=device.device_kind,
         slots=width,
         layers=layers,
         page=page,
@@ -207,24 +213,22 @@ def bench(dataset: str, device, width: int) -> list[dict]:
             compile_s=dense_s,
         )
     )
-    for label, pages in (
-        (f"caps ({caps} tokens)", float(dma_pages(np.array([caps]), page, per_block)[0])),
-        (
-            f"mix (mean {prompts.mean():.0f} + {completions.mean():.0f} tokens, "
-            f"{len(prompts)} rows)",
-            mean_dma_pages(prompts, completions, page, per_block),
+    lengths = {
+        f"caps ({caps} tokens)": float(dma_pages(np.array([caps]), page, per_block)[0]),
+        f"mix (mean {prompts.mean():.0f} + {completions.mean():.0f} tokens, {len(prompts)} rows)": (
+            mean_dma_pages(prompts, completions, page, per_block)
         ),
-    ):
-        dma = layers * width * pages * page_bytes
+    }
+    paged_row = dict(common, cache="paged", xla_gib=paged_bytes / GIB, cache_gib=pools / GIB)
+    for label, pages in lengths.items():
+        dma = layers * width * pages * page_bytes  # the kernel's DMAs (the model)
+        model = (paged_bytes + dma) / GIB
         out.append(
             dict(
-                common,
-                cache="paged",
+                paged_row,
                 lengths=label,
-                xla_gib=paged_bytes / GIB,
-                cache_gib=pools / GIB,
                 kernel_dma_gib=dma / GIB,
-                model_gib=(paged_bytes + dma) / GIB,
+                model_gib=model,
                 compile_s=paged_s,
             )
         )
