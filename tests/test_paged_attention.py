@@ -56,3 +56,25 @@ def test_paged_decode_attention_equals_the_dense_cache_and_reads_no_unheld_page(
     )  # fmt: skip
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, np.asarray(expected)[:, 0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_the_tpu_kernels_reference_semantics_equal_the_xla_path(window):
+    """JAX's ragged paged attention (the TPU kernel, locoexp/model/paged_kernel.py) by its own
+    reference implementation, called as the engine calls the kernel (one query a slot, the
+    table clamped into the pool, `sliding_window` = window), equals `paged_decode_attention` on
+    the same pool: the same scale, GQA grouping and window. The kernel itself does not run off
+    TPU: its interpret mode (`pltpu.force_tpu_interpret_mode`) fails on the kernel's reshaped
+    VMEM ref in jax 0.10.2 ("'ReshapeTransform' object has no attribute 'indices'")."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import (  # noqa: PLC0415
+        ref_ragged_paged_attention,
+    )
+
+    q, pool, table, _, _ = _paged_and_dense(seed=window + 1)
+    q, pool, table, lengths = (jnp.asarray(x) for x in (q, pool, table, LENGTHS))
+    got = np.asarray(paged_decode_attention(q, pool, table, lengths, window))
+    reference = ref_ragged_paged_attention(
+        q, pool, lengths, jnp.minimum(table, POOL - 1), jnp.arange(SLOTS + 1, dtype=jnp.int32),
+        jnp.array([SLOTS], jnp.int32), sm_scale=HEAD_DIM**-0.5, sliding_window=window or None,
+    )  # fmt: skip
+    np.testing.assert_allclose(got, np.asarray(reference).reshape(SLOTS, -1), atol=1e-5, rtol=0)

@@ -22,6 +22,8 @@ import hashlib
 import math
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -199,9 +201,10 @@ def _abstract_int32(shape: tuple[int, ...], sharding: jax.sharding.Sharding) -> 
     return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)  # type: ignore[return-value]
 
 
-def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
-    """The engine's programs at the plan's capacity: one wave (waves), or every request of
-    the step through the slots (continuous) and the first compaction."""
+def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable[[], Any]]:
+    """The engine's programs at the plan's capacity, each a function lowering it (call it
+    under `expert_mesh(engine.mesh)`): one wave (waves), or every request of the step through
+    the slots (continuous) and the first compaction."""
     e, plan = shapes.plan.engine_shape, shapes.plan
     continuous = shapes.rollout.scheduler is Scheduler.continuous
     width = wave_rows(plan.requests_per_engine, plan.capacity, engine.replicas)
@@ -224,19 +227,27 @@ def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]
     static = (call, width, requests)
     widths = scheduling.slot_widths(width, engine.replicas) if continuous else [width]
     floor = widths[1] if len(widths) > 1 else 0
+    start = slots.jit("start", static)
     with expert_mesh(engine.mesh):
-        start = slots.jit("start", static)
-        prefill = lambda: start.lower(engine.params, placed, key)  # noqa: E731
-        out = [_compiled("engine", "prefill", prefill, engine.mesh)]
         state = jax.eval_shape(start, engine.params, placed, key)
-        run = slots.jit("run", (*static, floor, continuous))
-        loop = lambda: run.lower(engine.params, state, placed)  # noqa: E731
-        out.append(_compiled("engine", "decode", loop, engine.mesh))
-        if floor:
-            compact = slots.jit("compact", (call, floor, requests, width))
-            narrow = lambda: compact.lower(*slots.compact_args(state))  # noqa: E731
-            out.append(_compiled("engine", "compact", narrow, engine.mesh))
+    run = slots.jit("run", (*static, floor, continuous))
+    out = {
+        "prefill": lambda: start.lower(engine.params, placed, key),
+        "decode": lambda: run.lower(engine.params, state, placed),
+    }
+    if floor:
+        compact = slots.jit("compact", (call, floor, requests, width))
+        out["compact"] = lambda: compact.lower(*slots.compact_args(state))
     return out
+
+
+def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
+    """The engine's programs (`engine_lowerings`) compiled."""
+    with expert_mesh(engine.mesh):
+        return [
+            _compiled("engine", name, lower, engine.mesh)
+            for name, lower in engine_lowerings(shapes, engine).items()
+        ]
 
 
 def compile_programs(

@@ -4,10 +4,14 @@ It formats; for a run that does not fit it names the plan's proposals, and which
 fits where they were compiled (`verdict.confirm_proposals`). It never compiles.
 """
 
+import jax.numpy as jnp
+
 from locoexp.compiled.verdict import CompiledRun
+from locoexp.model.paged_kernel import kernel_note
 from locoexp.planner.estimate import GIB
 from locoexp.planner.fit import remedies
 from locoexp.planner.plan import Setup
+from locoexp.rollout.config import KVCacheKind
 
 _HEADER = (
     f"{'role':<8} {'program':<11} {'argument':>9} {'output':>8} {'alias':>7} {'temp':>7} "
@@ -135,7 +139,20 @@ def describe_compiled(result: CompiledRun, setup: Setup, confirmed=None) -> str:
         f"{m.name}, {_depth(result, m.num_layers)}; GiB per device, peak = footprint + state "
         f"alive beside it{_footprint_source(result)}; {result.compile_seconds:.0f} s of compiles"
     )
-    return "\n".join([head, *_rows(result), verdict_line(result, setup, confirmed)])
+    note = _paged_note(result, setup)
+    notes = [note] if note else []
+    return "\n".join([head, *_rows(result), *notes, verdict_line(result, setup, confirmed)])
+
+
+def _paged_note(result: CompiledRun, setup: Setup) -> str | None:
+    """A TPU engine's paged cache: the layers its decode attends with the kernel, and why not
+    the others (locoexp/model/paged_kernel.py)."""
+    if result.target == "cpu" or not result.engine_compiled:
+        return None
+    if setup.rollout.kv_cache is not KVCacheKind.paged:
+        return None
+    dtype = jnp.dtype((setup.rollout.param_dtype or setup.model.param_dtype).value)
+    return kernel_note(setup.model, setup.rollout.tensor_parallel, dtype)
 
 
 def summarize_compiled(result: CompiledRun) -> str:

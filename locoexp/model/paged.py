@@ -3,8 +3,9 @@
 The pool and page table are laid out as JAX's ragged paged attention kernel reads them
 (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`): per layer a pool [N, page, 2E, h]
 with keys at even and values at odd heads, a table [W, Q] of each slot's pages in token order
-(locoexp/rollout/pages.py allocates them), and each slot's length. On TPU that kernel would take
-the same arrays; this is the XLA path beside it.
+(locoexp/rollout/pages.py allocates them), and each slot's length. On TPU that kernel takes the
+same arrays (locoexp/model/paged_kernel.py, chosen by the layer's `kernel`); this is the XLA
+path beside it, which CPU and GPU run, and TPU for a layer the kernel cannot take.
 
 One new token per slot (decode), already written into its page. A loop over page columns, as
 many as the longest slot holds (a dynamic trip count), gathers one page per slot and folds it
@@ -18,26 +19,32 @@ Shapes: W slots, N pages, `page` tokens a page, E cache heads, R = query heads /
 Q = most pages a slot holds.
 """
 
-from typing import NamedTuple
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+
+from locoexp.model.paged_kernel import PagedKernel, ragged_decode_attention
 
 Array = jax.Array
 _MASKED = -1e30  # finite: a fully masked page leaves the running maximum where it was
 
 
-class PagedLayer(NamedTuple):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedLayer:
     """One layer's paged cache as a decode iteration's attention takes it (in place of the dense
     cache's [B, E, S, h] pair): the pool and where each slot's tokens are. The engine's pool has
     a leading replica axis, each data-parallel replica's slots (W / r consecutive rows) owning
-    their replica's pages."""
+    their replica's pages. `kernel` (static): attend with the TPU kernel on its mesh
+    (locoexp/model/paged_kernel.py) where the layer's shapes allow, else (None) the XLA path."""
 
     pool: Array  # [r, N, page, 2E, h], or [N, page, 2E, h] for one replica
     table: Array  # [W, Q] int32: each slot's pages, ids within its replica's pool
     lengths: Array  # [W] int32: tokens of each slot after the new one (>= 1)
     page: Array  # [W] int32: the page the new token is written to (N: written nowhere)
     offset: Array  # [W] int32: its offset in that page
+    kernel: PagedKernel | None = dataclasses.field(default=None, metadata=dict(static=True))
 
 
 def _per_replica_pages(pool: Array, ids: Array) -> Array:
@@ -76,8 +83,12 @@ def attend_paged(
         k, v = (jnp.repeat(x, e // k.shape[2], axis=2) for x in (k, v))
     kv = jnp.stack([k[:, 0], v[:, 0]], axis=2).reshape(slots, 2 * e, h)  # k at even heads
     pool = write_token(layer.pool, layer.page, layer.offset, kv)
-    out = paged_decode_attention(q[:, 0], pool, layer.table, layer.lengths, window)
-    return out[:, None], layer._replace(pool=pool)
+    kernel = layer.kernel
+    if kernel is not None and pool.ndim == 5 and not kernel.unusable(heads, e, h, pool.dtype):
+        out = ragged_decode_attention(kernel, q[:, 0], pool, layer.table, layer.lengths, window)
+    else:
+        out = paged_decode_attention(q[:, 0], pool, layer.table, layer.lengths, window)
+    return out[:, None], dataclasses.replace(layer, pool=pool)
 
 
 def paged_decode_attention(

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from locoexp.model.paged import PagedLayer
+from locoexp.model.paged_kernel import PagedKernel
 from locoexp.model.transformer import KVCache, Transformer, init_cache
 from locoexp.rollout import paged_slots
 from locoexp.rollout.paged_slots import PagedCache, PageLayout
@@ -321,7 +322,7 @@ def _refill(
 
 def _decode_iteration(
     model, s: Slots, requests: Requests, *, sampling, eos_id, vocab_shards, replicas=1,
-    page_tokens=0,
+    page_tokens=0, paged_kernel: PagedKernel | None = None,
 ) -> Slots:  # fmt: skip
     """One token for every slot; empty slots are computed and their results dropped. A pending
     slot (refilled, `_refill`) takes its first token from its prompt's hidden state in place of
@@ -333,8 +334,9 @@ def _decode_iteration(
     position = s.prompt_len + s.length - 1  # the last token's position in its sequence
     if isinstance(s.cache, PagedCache):
         s, hidden, go = _paged_body(
-            model, s, live, position, replicas=replicas, page_tokens=page_tokens
-        )
+            model, s, live, position, replicas=replicas, page_tokens=page_tokens,
+            kernel=paged_kernel,
+        )  # fmt: skip
     else:
         slots, prompt_len = s.cache[0][0].shape[2], requests.prompts.shape[1]
         valid = jnp.arange(slots)[None, :] >= (prompt_len - s.prompt_len)[:, None]
@@ -359,8 +361,9 @@ def _decode_iteration(
 
 
 def _paged_body(
-    model: Transformer, s: Slots, live: Array, position: Array, *, replicas: int, page_tokens: int
-) -> tuple[Slots, Array, Array]:
+    model: Transformer, s: Slots, live: Array, position: Array, *, replicas: int, page_tokens: int,
+    kernel: PagedKernel | None,
+) -> tuple[Slots, Array, Array]:  # fmt: skip
     """The model's body over a paged cache: every running slot takes the page its token needs
     (or waits, or is preempted: `paged_slots.make_room`), then the slots that go write their
     token and attend over their pages. A pending slot writes nothing (its first token is
@@ -373,7 +376,7 @@ def _paged_body(
     )  # fmt: skip
     views = paged_slots.layers(
         cache, position=position, write=go & ~s.pending, replicas=replicas,
-        page_tokens=page_tokens,
+        page_tokens=page_tokens, kernel=kernel,
     )  # fmt: skip
     hidden, written = model(s.last[:, None], position[:, None], None, views, None)
     cache = cache._replace(pools=tuple(view.pool for view in cast(tuple[PagedLayer, ...], written)))
@@ -396,12 +399,15 @@ def run(
     eos_id,
     vocab_shards=1,
     page_tokens=0,
+    paged_kernel: PagedKernel | None = None,
 ) -> Slots:
     """Decode (and refill, with `refill`) until no slot is live, or nothing waits and at most
     `floor` / `replicas` slots are live in every replica (`compact` narrows each replica's
     slots on its own devices). The final state is returned whole so that a donated input
     updates its cache in place. A paged cache (`page_tokens` per page) re-prefills its parked
-    slots by refill rounds with or without `refill` (which then takes no waiting request)."""
+    slots by refill rounds with or without `refill` (which then takes no waiting request), and
+    attends with the TPU kernel on `paged_kernel`'s mesh where given (locoexp/model/
+    paged_kernel.py), else with the XLA path."""
     model = nnx.merge(graphdef, params)
     total = requests.caps.shape[0]
     paged = isinstance(slots.cache, PagedCache)
@@ -428,11 +434,25 @@ def run(
     def body(s: Slots) -> Slots:
         s = _decode_iteration(
             model, s, requests, sampling=sampling, eos_id=eos_id, vocab_shards=vocab_shards,
-            replicas=replicas, page_tokens=page_tokens,
+            replicas=replicas, page_tokens=page_tokens, paged_kernel=paged_kernel,
         )  # fmt: skip
         return fill(s) if refill or paged else s
 
     return jax.lax.while_loop(cond, body, fill(slots) if refill or paged else slots)
+
+
+def iteration(
+    graphdef, params, slots: Slots, requests: Requests, *, sampling, eos_id, vocab_shards=1,
+    replicas=1, page_tokens=0, paged_kernel: PagedKernel | None = None,
+) -> Slots:  # fmt: skip
+    """One decode iteration, `run`'s loop body without its refill rounds, as a program of its
+    own: XLA's cost analysis counts a while loop's body once whatever its trip count, so one
+    iteration's figures are read from this program (tools/bench_paged_tpu_bytes.py)."""
+    return _decode_iteration(
+        nnx.merge(graphdef, params), slots, requests, sampling=sampling, eos_id=eos_id,
+        vocab_shards=vocab_shards, replicas=replicas, page_tokens=page_tokens,
+        paged_kernel=paged_kernel,
+    )  # fmt: skip
 
 
 def compact(slots: Slots, *, width, replicas) -> Slots:

@@ -4,7 +4,8 @@ The slots' cache is a `PagedCache`: per layer a pool of pages per data-parallel 
 paged attention's layout ([r, N, page, 2E, h], keys at even heads), and the allocator's state
 (locoexp/rollout/pages.py): each replica's free pages and each slot's page table. A row's
 tokens sit at positions 0.. of its pages (its prompt is not left-padded there); a decode
-iteration attends over its own pages only (locoexp/model/paged.py).
+iteration attends over its own pages only (locoexp/model/paged.py; on TPU JAX's ragged paged
+attention kernel, locoexp/model/paged_kernel.py).
 
 The programs of locoexp/rollout/decode.py call this module at four points:
 - a prefill (`start`'s first rows, a refill's row) is computed dense over the padded prompt as
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 
 from locoexp.model.config import ModelConfig
 from locoexp.model.paged import PagedLayer
+from locoexp.model.paged_kernel import PagedKernel
 from locoexp.rollout import pages as pg
 
 Array = jax.Array
@@ -214,16 +216,27 @@ def make_room(
 
 
 def layers(
-    c: PagedCache, *, position: Array, write: Array, replicas: int, page_tokens: int
-) -> tuple[PagedLayer, ...]:
+    c: PagedCache, *, position: Array, write: Array, replicas: int, page_tokens: int,
+    kernel: PagedKernel | None = None,
+) -> tuple[PagedLayer, ...]:  # fmt: skip
     """Each layer's `PagedLayer` for a decode iteration whose token sits at `position` [W]:
-    written where `write` [W], attending over positions 0..position."""
+    written where `write` [W], attending over positions 0..position. A slot that writes
+    nothing (empty, waiting for a page, or pending: its output is dropped) attends over one
+    token, so neither attention path reads the pages of a row that does not decode. `kernel`:
+    the TPU kernel's mesh (`paged_kernel.paged_kernel_for`), None for the XLA path."""
     slot_of = functools.partial(pg.slot_of_token, page_tokens=page_tokens)
     page, offset = _on_replicas(slot_of, c.pages, position, replicas=replicas)  # [W] each
     page = jnp.where(write, page, c.pages.free.shape[1])
-    lengths = jnp.maximum(position + 1, 1)
+    lengths = jnp.where(write, jnp.maximum(position + 1, 1), 1)
     return tuple(
-        PagedLayer(pool=pool, table=c.pages.table, lengths=lengths, page=page, offset=offset)
+        PagedLayer(
+            pool=pool,
+            table=c.pages.table,
+            lengths=lengths,
+            page=page,
+            offset=offset,
+            kernel=kernel,
+        )  # fmt: skip
         for pool in c.pools
     )
 

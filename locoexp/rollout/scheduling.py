@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from locoexp.model.moe import expert_mesh
+from locoexp.model.paged_kernel import paged_kernel_for
 from locoexp.rollout import decode as programs
 from locoexp.rollout import sharding
 from locoexp.rollout.config import Scheduler
@@ -92,6 +93,8 @@ class SlotPrograms:
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
         self.vocab_shards = vocab_shards
         self.replicated = NamedSharding(mesh, PS())
+        # a paged cache on TPU attends with the ragged paged attention kernel (issue 42)
+        self.paged_kernel = paged_kernel_for(mesh, data=sharding.DATA, tensor=sharding.TENSOR)
         self._compiled: dict[tuple[str, tuple[Any, ...]], jax.stages.Compiled] = {}
 
     @property
@@ -108,7 +111,8 @@ class SlotPrograms:
 
     def jit(self, kind: str, static: tuple):
         """`start` (static: call, width, requests), `compact` (call, width, requests, the width
-        compacted from) or `run` (call, width, requests, floor, refill)."""
+        compacted from), `run` (call, width, requests, floor, refill) or `iteration` (call,
+        width, requests: one decode iteration)."""
         call, width = static[0], static[1]
         sampler = dict(sampling=call.sampling, eos_id=self.eos_id, vocab_shards=self.vocab_shards)
         out = self._slot_shardings()
@@ -124,7 +128,13 @@ class SlotPrograms:
                 fn = functools.partial(
                     programs.run, self.graphdef, floor=static[3], refill=static[4],
                     replicas=self.replicas, chunk=call.chunk, cache_heads=self.cache_heads,
-                    page_tokens=self.paged.page_tokens if self.paged else 0, **sampler,
+                    **self._paging(), **sampler,
+                )  # fmt: skip
+                return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
+            case "iteration":  # one decode iteration alone (its figures: `iteration`)
+                fn = functools.partial(
+                    programs.iteration, self.graphdef, replicas=self.replicas,
+                    **self._paging(), **sampler,
                 )  # fmt: skip
                 return jax.jit(fn, out_shardings=out, donate_argnums=(1,))
             case "compact":
@@ -147,6 +157,12 @@ class SlotPrograms:
         cache = state.cache
         assert isinstance(cache, PagedCache)
         return cache.pools, state._replace(cache=cache._replace(pools=()))
+
+    def _paging(self) -> dict[str, Any]:
+        """The decode programs' paged-cache settings (none for the dense cache)."""
+        if self.paged is None:
+            return dict(page_tokens=0, paged_kernel=None)
+        return dict(page_tokens=self.paged.page_tokens, paged_kernel=self.paged_kernel)
 
     def _slot_shardings(self) -> programs.Slots:
         rows, cache = (
