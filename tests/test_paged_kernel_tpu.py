@@ -68,16 +68,20 @@ def test_the_paged_decode_program_compiles_the_kernel_for_every_tpu_generation(
 
 def test_block_sizes_come_from_the_kernels_table_by_the_target_device_kind(monkeypatch):
     """The tuned sizes are looked up for the TPU compiled for, never for jax.devices() (the
-    CPU here): v6e's entry where the table has one, the kernel's defaults on v7x (no 'TPU7x'
-    entry) and for Qwen3-0.6B's 16 query and 8 KV heads a block (not in the table)."""
+    CPU here): v6e's entry where the table has one; on v7x (no 'TPU7x' entry) and for
+    Qwen3-0.6B's 16 query and 8 KV heads a block (not in the table) the most pages any tuned
+    entry takes (16), not the kernel's 128, which reads up to a 128-page block a row."""
     monkeypatch.setattr(jax, "devices", lambda *a: pytest.fail("read jax.devices()"))
     args = (jnp.bfloat16, 8, 1, 128, 16, 512, 16)  # q heads, cache heads, h, page, W, Q
     key = tuned.simplify_key((jnp.bfloat16, jnp.bfloat16, 8, 1, 128, 16, 512, 16))
     assert paged_kernel.block_sizes("TPU v6 lite", *args) == tuned.TUNED_BLOCK_SIZES["TPU v6"][key]
     assert paged_kernel.block_sizes("TPU v5 lite", *args) == tuned.TUNED_BLOCK_SIZES["TPU v5"][key]
-    assert paged_kernel.block_sizes("TPU7x", *args) == (16, 32)  # (128, 32) capped by Q
-    qwen = (jnp.bfloat16, 16, 8, 128, 16, 64, 160)
-    assert paged_kernel.block_sizes("TPU v6 lite", *qwen) == (128, 32)
+    assert paged_kernel.block_sizes("TPU7x", *args) == (16, 32)
+    assert paged_kernel.block_sizes("TPU7x", *args[:-1], 8) == (8, 32)  # capped by Q
+    largest = max(p for table in tuned.TUNED_BLOCK_SIZES.values() for p, _ in table.values())
+    assert largest == tuned.MAX_PAGES_PER_SEQ == 16
+    qwen = (jnp.bfloat16, 16, 8, 128, 16, 64, 160)  # GSM8K's caps: 160 pages a row
+    assert paged_kernel.block_sizes("TPU v6 lite", *qwen) == (16, 32)
 
 
 def test_qwen3_0_6b_float32_pages_at_numinamath_caps_compile_on_v5e():

@@ -92,19 +92,23 @@ def block_sizes(
     """(num_kv_pages_per_block, num_queries_per_block) from the kernel's own tuned table
     (`tuned_block_sizes.TUNED_BLOCK_SIZES`, keyed by its `simplify_key`) for one device's call
     on a TPU of `device_kind`, as `get_tuned_block_sizes` looks them up on the TPU it runs on.
-    Its defaults where the table has no entry: (128, 32) pages and queries, (32, 32) on v4
-    (restated from `get_tuned_block_sizes`, jax 0.10.2). The table has 'TPU v5' (v5e's
-    "TPU v5 lite" and v5p) and 'TPU v6' only: v7x ("TPU7x") always gets the defaults, as the
-    kernel itself gives it on a v7x; so does any head grouping the table was not tuned for
-    (Qwen3-0.6B's 16 query and 8 KV heads a block, on every generation). Both are capped by
-    the call's pages per slot and its queries (one a slot), as the kernel caps them."""
+    The table has 'TPU v5' (v5e's "TPU v5 lite" and v5p) and 'TPU v6' only, and no entry for
+    many head groupings (Qwen3-0.6B's 16 query and 8 KV heads a block, on every generation),
+    so v7x ("TPU7x") and such calls take a default. The kernel's own (128 pages, 32 queries;
+    32 pages on v4) copies 128 pages a block: a row of 160 pages of 16 tokens (GSM8K's caps)
+    reads 256, and a 13-page row 128 (experiments/LOG.md, session 27: at GSM8K's length mix
+    the paged iteration then read 12.1 GiB against the dense cache's 13.8). Every tuned entry
+    of either table takes at most `MAX_PAGES_PER_SEQ` (16) pages a block, the bound the table's
+    file gives for the kernel's scalar registers, so that is the default here (32 queries).
+    Both are capped by the call's pages per slot and its queries (one a slot), as the kernel
+    caps them."""
     q_block, kv_block = rpa.get_min_heads_per_blk(q_heads, 2 * cache_heads, dtype, dtype)
     key = tuned.simplify_key(
         (dtype, dtype, q_block, kv_block // 2, head_dim, page_tokens, slots, pages_per_slot)
     )
     name = " ".join(device_kind.split()[:2])  # "TPU v5 lite" -> "TPU v5"; "TPU7x" stays
-    pages, queries = (32, 32) if name == "TPU v4" else (128, 32)
-    pages, queries = tuned.TUNED_BLOCK_SIZES.get(name, {}).get(key, (pages, queries))
+    default = (tuned.MAX_PAGES_PER_SEQ, 32)  # the most pages any tuned entry takes
+    pages, queries = tuned.TUNED_BLOCK_SIZES.get(name, {}).get(key, default)
     return min(pages_per_slot, pages), min(slots, queries)
 
 
