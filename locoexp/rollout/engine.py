@@ -278,6 +278,11 @@ class JaxEngine:
             width=wave_rows(n, self.config.capacity, self.replicas),
             scheduler=self.config.scheduler,
         )
+        if out.pages_held_at_end:  # the allocator's invariant, read from the final state
+            raise RuntimeError(
+                f"the paged KV cache ended a generate call with {out.pages_held_at_end} pages "
+                "still held after every request ended: its allocator lost them (a bug)"
+            )
         lengths = out.lengths
         ended_with_eos = out.tokens[np.arange(n), np.maximum(lengths - 1, 0)] == self.eos_id
         return Rollout(

@@ -53,6 +53,9 @@ class Generated:
     waves: int
     prefill_s: float
     decode_s: float
+    # rollout.kv_cache=paged: pages still held once every request ended, summed over replicas
+    # and waves (a page the allocator lost; 0 unless it leaks); 0 for the dense cache
+    pages_held_at_end: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,10 +253,13 @@ def _waves(slots: SlotPrograms, params, requests, *, key, call: Call, width: int
         )
         state, placed, static = _start(slots, params, wave, key, call, width, clock)
         state = _run(slots, params, state, placed, static, 0, False, clock)
+        held = _pages_held(state)
         parts.append(jax.device_get((state.tokens, state.logprobs, state.lengths, state.counts)))
+        parts[-1] = (*parts[-1], held)
     cat = lambda i: np.concatenate([p[i] for p in parts])[:n]
     counts = np.sum([p[3] for p in parts], axis=0)
-    return _generated(cat(0), cat(1), cat(2), counts, waves=len(parts), clock=clock)
+    held = sum(p[4] for p in parts)
+    return _generated(cat(0), cat(1), cat(2), counts, waves=len(parts), clock=clock, held=held)
 
 
 def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width: int):
@@ -277,10 +283,22 @@ def _continuous(slots: SlotPrograms, params, requests, *, key, call: Call, width
     tokens, logprobs, lengths, counts = jax.device_get(
         (state.tokens, state.logprobs, state.lengths, state.counts)
     )
-    return _generated(tokens, logprobs, lengths, counts, waves=1, clock=clock)
+    held = _pages_held(state)
+    return _generated(tokens, logprobs, lengths, counts, waves=1, clock=clock, held=held)
 
 
-def _generated(tokens, logprobs, lengths, counts, *, waves: int, clock: _Clock) -> Generated:
+def _pages_held(state: programs.Slots) -> int:
+    """Pages of a paged cache not back in their replica's free list (0 for a dense cache)."""
+    if not isinstance(state.cache, PagedCache):
+        return 0
+    pages = state.cache.pages
+    top = np.asarray(pages.top)
+    return int(pages.free.shape[-1] * top.size - top.sum())
+
+
+def _generated(
+    tokens, logprobs, lengths, counts, *, waves: int, clock: _Clock, held: int
+) -> Generated:
     iterations, live, computed, refills = (int(x) for x in counts)
     return Generated(
         tokens=tokens,
@@ -293,6 +311,7 @@ def _generated(tokens, logprobs, lengths, counts, *, waves: int, clock: _Clock) 
         waves=waves,
         prefill_s=clock.prefill_s,
         decode_s=clock.decode_s,
+        pages_held_at_end=held,
     )
 
 
