@@ -293,7 +293,6 @@ def test_a_trainer_host_killed_by_rays_memory_monitor_is_named_in_one_sentence()
 # (`fixtures/da_resume_reference.json`, `python tests/da_resume_reference.py`): runs of these
 # overrides train the same batches to the same floats in any process, so the resumed run is held
 # to the recorded one exactly, as it was to an uninterrupted run started beside it.
-RESUME_REFERENCE = da_resume_reference.load()
 
 
 def latest_checkpoint(run_dir: Path) -> int | None:
@@ -316,7 +315,7 @@ def test_kill_9_then_the_same_command_trains_the_uninterrupted_runs_batches(tmp_
     reward and staleness are the uninterrupted (recorded) run's, exactly. The batches in flight
     at the checkpoint were sampled with weights the checkpoint does not hold; only the saved
     batches give them back."""
-    args, want = da_resume_reference.overrides(staleness), RESUME_REFERENCE[staleness]
+    args, want = da_resume_reference.overrides(staleness), da_resume_reference.load()[staleness]
     resumed = tmp_path / "resumed"
     run = start(resumed, args)
     deadline = time.monotonic() + DEADLINE_S
