@@ -147,6 +147,7 @@ def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that
         "dataset=gsm8k",
         "dataset.prompts_per_step=512",  # XLA-TPU runs out of v5e's 15.75 GiB in one shot
         "trainer.accumulate=false",
+        "rollout.capacity=64",  # the engine's waves: its compiles are not what this test is about
         "hardware=tpu_v5e_4",
         "dry_run=compile",
     )
@@ -212,7 +213,12 @@ def test_a_mixture_of_experts_cell_compiles_its_expert_parallel_layers():
     """The trainer's `expert` mesh axis (EP2) and the engine's expert-parallel replica compile
     for TPU inside the step and the engine's programs."""
     result = run_py(
-        "model=tiny_qwen3_moe", "hardware=tpu_v5e_4", "trainer.expert_parallel=2", "dry_run=compile"
+        "model=tiny_qwen3_moe",
+        "hardware=tpu_v5e_4",
+        "trainer.expert_parallel=2",
+        "dataset.prompts_per_step=4",  # 16 rows: the same layers and mesh axes, a third the compile
+        "dataset.samples_per_prompt=4",
+        "dry_run=compile",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     for program in ("train_step", "publish", "prefill", "decode"):

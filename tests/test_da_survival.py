@@ -5,7 +5,8 @@ trainer host (or one Ray's memory monitor killed) ends the run with one sentence
 Ray process; a driver stopped with SIGTERM checkpoints and the same command resumes it to the
 uninterrupted run's losses, every socket of both runs listening on loopback only (README,
 "Security"); a driver killed with SIGKILL at staleness 1, 2 and 3, a rollout host slowed each
-step, resumes to the uninterrupted run's batches and losses exactly (issue 44).
+step, resumes to the uninterrupted run's batches and losses exactly (issue 44; the uninterrupted
+run recorded in `fixtures/da_resume_reference.json`).
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
 `LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
@@ -25,9 +26,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import da_resume_reference
 import psutil
 import pytest
 from cli_runs import assert_loopback_only, assert_same_steps, kill, run_through, sockets_of, start
+from da_resume_reference import STALE_STEPS
 from step_loop_reference import REFERENCE, overrides_of
 
 from locoexp.compose import compose_config
@@ -286,29 +289,10 @@ def test_a_trainer_host_killed_by_rays_memory_monitor_is_named_in_one_sentence()
 
 
 # Exact resume at every staleness (issue 44): one trainer host and two rollout hosts, one of them
-# slowed each step, so the hosts run at their own pace and a checkpoint after k updates finds
-# batches k .. k+s-1 in flight at different stages on each host.
-STALE_STEPS = 6
-STALE_RUN = [
-    "placement=da",
-    "hardware.hosts=3",
-    "split=0.333",
-    "logger=none",
-    "seed=0",
-    f"steps={STALE_STEPS}",
-    "eval_every_steps=0",
-    "checkpoint_every_steps=2",
-    "dataset.prompts_per_step=4",
-    "dataset.samples_per_prompt=4",
-    "dataset.synthetic.held_out_size=8",
-    "rollout.straggler.delay_s=0.3",  # one rollout host per step, a seeded draw
-]
-
-
-def batches_trained(run_dir: Path) -> list[tuple]:
-    """Each step's batch as the ledger has it: its prompts and its shares' weight versions."""
-    rows = [row for row in ledger(run_dir) if "example_ids" in row]
-    return [(r["step"], r["example_ids"], r["weight_versions"]) for r in rows]
+# slowed each step (`da_resume_reference.STALE_RUN`). The uninterrupted run is recorded
+# (`fixtures/da_resume_reference.json`, `python tests/da_resume_reference.py`): runs of these
+# overrides train the same batches to the same floats in any process, so the resumed run is held
+# to the recorded one exactly, as it was to an uninterrupted run started beside it.
 
 
 def latest_checkpoint(run_dir: Path) -> int | None:
@@ -327,12 +311,12 @@ def latest_checkpoint(run_dir: Path) -> int | None:
 )
 def test_kill_9_then_the_same_command_trains_the_uninterrupted_runs_batches(tmp_path, staleness):
     """The driver's process group killed with SIGKILL once the checkpoint after 2 updates is
-    complete, then the same command: every step's batch (prompts and weight versions), loss and
-    reward are the uninterrupted run's, exactly. The batches in flight at the checkpoint were
-    sampled with weights the checkpoint does not hold; only the saved batches give them back."""
-    args = [*STALE_RUN, f"placement.max_staleness={staleness}"]
-    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
-    run_grpo(compose_config(args), run_dir=uninterrupted, progress=False)
+    complete, then the same command: every step's batch (prompts and weight versions), loss,
+    reward and staleness are the uninterrupted (recorded) run's, exactly. The batches in flight
+    at the checkpoint were sampled with weights the checkpoint does not hold; only the saved
+    batches give them back."""
+    args, want = da_resume_reference.overrides(staleness), da_resume_reference.load()[staleness]
+    resumed = tmp_path / "resumed"
     run = start(resumed, args)
     deadline = time.monotonic() + DEADLINE_S
     while latest_checkpoint(resumed) is None:
@@ -344,10 +328,9 @@ def test_kill_9_then_the_same_command_trains_the_uninterrupted_runs_batches(tmp_
     assert resumed_from < STALE_STEPS, "the run finished before the kill"
     _no_ray_process_left()
     run_through(resumed, args)
-    got, want = steps(resumed), steps(uninterrupted)
-    assert batches_trained(resumed) == batches_trained(uninterrupted)
-    assert [r["step"] for r in got] == list(range(STALE_STEPS))
-    keys = ("train/loss", "rollout/reward_mean", "train/staleness_steps")
-    assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
-    assert max(r["train/staleness_steps"] for r in want) == staleness  # the bound was reached
+    got = da_resume_reference.record(resumed)
+    assert got["batches"] == want["batches"]
+    assert [row[0] for row in got["steps"]] == list(range(STALE_STEPS))
+    assert got["steps"] == want["steps"]  # loss, reward and staleness of every step, exactly
+    assert max(row[3] for row in want["steps"]) == staleness  # the bound was reached
     assert json.loads((resumed / "summary.json").read_text())["resume/attempts"] == 2
