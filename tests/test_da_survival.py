@@ -4,9 +4,10 @@ regenerated, so the run completes every step with the uninterrupted run's losses
 trainer host (or one Ray's memory monitor killed) ends the run with one sentence and leaves no
 Ray process; a driver stopped with SIGTERM checkpoints and the same command resumes it to the
 uninterrupted run's losses, every socket of both runs listening on loopback only (README,
-"Security"); a driver killed with SIGKILL at staleness 1, 2 and 3, a rollout host slowed each
-step, resumes to the uninterrupted run's batches and losses exactly (issue 44; the uninterrupted
-run recorded in `fixtures/da_resume_reference.json`).
+"Security"); a 3-host driver killed with SIGKILL at staleness 3 (staleness 1 is the SIGTERM
+test's), a rollout host slowed each step, resumes to the uninterrupted run's batches exactly
+and its losses within 1e-5 (issue 44; the uninterrupted run recorded in
+`fixtures/da_resume_reference.json`).
 
 Every test looks only at its own processes: Ray's daemons and actors inherit this test's
 `LOCOEXP_TEST_OWNER` (and so do those of a `run.py` started here).
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import da_resume_reference
+import numpy as np
 import psutil
 import pytest
 from cli_runs import assert_loopback_only, assert_same_steps, kill, run_through, sockets_of, start
@@ -331,6 +333,10 @@ def test_kill_9_then_the_same_command_trains_the_uninterrupted_runs_batches(tmp_
     got = da_resume_reference.record(resumed)
     assert got["batches"] == want["batches"]
     assert [row[0] for row in got["steps"]] == list(range(STALE_STEPS))
-    assert got["steps"] == want["steps"]  # loss, reward and staleness of every step, exactly
+    # loss and reward as the recorded run's within the step-loop golden's tolerance (the
+    # recording may come from another CPU, whose XLA code rounds differently); staleness exactly
+    got_steps, want_steps = np.array(got["steps"]), np.array(want["steps"])
+    np.testing.assert_allclose(got_steps[:, 1:3], want_steps[:, 1:3], rtol=1e-5, atol=1e-5)
+    assert [row[3] for row in got["steps"]] == [row[3] for row in want["steps"]]
     assert max(row[3] for row in want["steps"]) == staleness  # the bound was reached
     assert json.loads((resumed / "summary.json").read_text())["resume/attempts"] == 2
