@@ -223,7 +223,11 @@ def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable
         caps=_abstract_int32((requests,), replicated),
         first=_abstract_int32((), replicated),
     )
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    # the key's dtype, traced: a concrete key would run on the default device, a TPU
+    # topology's deviceless one under an expert mesh ("'Executable' object has no attribute
+    # 'local_devices'")
+    dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
+    key = jax.ShapeDtypeStruct((), dtype, sharding=replicated)
     static = (call, width, requests)
     widths = scheduling.slot_widths(width, engine.replicas) if continuous else [width]
     floor = widths[1] if len(widths) > 1 else 0
