@@ -7,8 +7,8 @@ device), pages of 4 tokens. A pool of the dense cache's size never runs dry; a p
 at its caps does, so rows wait for pages and are preempted and recomputed (vLLM's rule). A
 pool that cannot hold one row at its caps is refused in one sentence, at start-up and by the
 engine. Over 1,004 requests of random lengths (1,000 refills) no page is lost, and a lost page
-is reported by the engine. Sliding-window (Gemma4) and mixture-of-experts models decode over pages as well;
-sharded layouts are in tests/test_paged_sharded_engine.py.
+is reported by the engine. Sliding-window (Gemma4) and mixture-of-experts models decode over
+pages as well; sharded layouts are in tests/test_paged_sharded_engine.py.
 """
 
 import dataclasses
