@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from locoexp.compose import compose_config
+from locoexp.compose import compose_config, use_cpu_backend
 from locoexp.model.checkpoint import load_model
 from locoexp.rollout.config import SamplingParams
 from locoexp.rollout.engine import JaxEngine
@@ -108,4 +108,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    use_cpu_backend()  # CPU figures: JAX would try libtpu first where it is installed
     main()

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from omegaconf import OmegaConf
 
 from locoexp.algo.config import AlgoConfig
+from locoexp.compose import use_cpu_backend
 from locoexp.model.config import AttentionKind, ModelConfig, RematPolicy
 from locoexp.model.transformer import build_model
 from locoexp.trainer.config import TrainerConfig
@@ -99,4 +100,5 @@ def main():
 
 
 if __name__ == "__main__":
+    use_cpu_backend()  # CPU figures: JAX would try libtpu first where it is installed
     main()

@@ -36,7 +36,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from locoexp.compose import compose_config
+from locoexp.compose import compose_config, use_cpu_backend
 from locoexp.model.transformer import build_model
 from locoexp.rollout.build import build_engine
 from locoexp.rollout.config import SamplingParams
@@ -289,4 +289,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    use_cpu_backend()  # CPU figures: JAX would try libtpu first where it is installed
     main()

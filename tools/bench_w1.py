@@ -57,7 +57,7 @@ from step_matmuls import (  # this folder (a script's folder is on its path)
 )
 from w1_report import print_report
 
-from locoexp.compose import compose_config
+from locoexp.compose import compose_config, use_cpu_backend
 from locoexp.config import Config
 from locoexp.dataset.schedule import build_schedule
 from locoexp.metrics.steady import WARMUP_STEPS, steady_records, steady_window
@@ -530,4 +530,5 @@ def run_profile(
 
 
 if __name__ == "__main__":
+    use_cpu_backend()  # CPU figures: JAX would try libtpu first where it is installed
     main()
