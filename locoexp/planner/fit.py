@@ -18,6 +18,7 @@ from locoexp.layout import PlacementKind, build_layout
 from locoexp.model.config import DType, ModelConfig
 from locoexp.model.sizes import count_parameters_by_formula
 from locoexp.planner.estimate import GIB
+from locoexp.planner.pages import pool_origin
 from locoexp.planner.paper import paper_workaround
 from locoexp.planner.plan import (
     Plan,
@@ -356,7 +357,9 @@ def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
     if pool is not None and not pool.holds_one_row_at_caps:
         return (
             f"the paged KV pool has {pool.pages} pages of rollout.page_tokens="
-            f"{pool.page_tokens} per replica ({_pool_origin(pool)}) and one row at its caps "
+            f"{pool.page_tokens} per replica "
+            f"({pool_origin(pool, shared=False, colocated=setup.layout.colocated)}) and one "
+            f"row at its caps "
             f"({pool.caps_tokens} tokens) needs {pool.floor_pages}"
         )
     return (
@@ -365,12 +368,6 @@ def _shortfall(setup: Setup, plan: Plan, role: str) -> str:
         f"{plan.engine_shape.sequences_per_replica} sequences per replica at "
         f"rollout.tensor_parallel={setup.rollout.tensor_parallel}"
     )
-
-
-def _pool_origin(pool) -> str:
-    if pool.given:
-        return "rollout.kv_cache_pages_per_replica"
-    return "what is left of each device beside the weights and the engine's transients"
 
 
 def parameters_b(setup: Setup) -> float:

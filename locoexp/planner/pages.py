@@ -107,3 +107,17 @@ def build_pool(
         expected_source=source,
         caps_tokens=dataset.max_prompt_tokens + dataset.max_new_tokens,
     )
+
+
+def pool_origin(pool: PagePool, *, shared: bool, colocated: bool) -> str:
+    """Where a plan's pool size comes from, for its report line and its refusal: the key, or
+    (null) every slot at its caps on a shared CPU machine, else the memory each device has left."""
+    if pool.given:
+        return "rollout.kv_cache_pages_per_replica"
+    if shared:
+        return "rollout.kv_cache_pages_per_replica=null: every slot at its caps (hardware=cpu)"
+    trainer = ", the trainer's params and AdamW" if colocated else ""
+    return (
+        "rollout.kv_cache_pages_per_replica=null: what each device has left beside the "
+        f"weights{trainer} and the engine's transients, at most every slot at its caps"
+    )

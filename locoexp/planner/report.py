@@ -7,6 +7,7 @@ from locoexp.errors import ConfigError
 from locoexp.model.config import RematPolicy
 from locoexp.planner.estimate import GIB, TrainerShape
 from locoexp.planner.fit import check_fit, paper_layout, parameters_b, resolve_plan
+from locoexp.planner.pages import pool_origin
 from locoexp.planner.plan import (
     OBJECT_STORE_VERSIONS,
     Plan,
@@ -130,16 +131,9 @@ def _pool_line(setup: Setup, plan: Plan) -> str:
     slots they give, and what happens when rows run longer than expected."""
     pool, s = plan.pool, plan.engine_shape
     assert pool is not None, "a paged plan has a pool"
-    if pool.given:
-        origin = "rollout.kv_cache_pages_per_replica"
-    elif shared_memory(setup.hardware):
-        origin = "rollout.kv_cache_pages_per_replica=null: every slot at its caps (hardware=cpu)"
-    else:
-        trainer = ", the trainer's params and AdamW" if setup.layout.colocated else ""
-        origin = (
-            "rollout.kv_cache_pages_per_replica=null: what each device has left beside the "
-            f"weights{trainer} and the engine's transients, at most every slot at its caps"
-        )
+    origin = pool_origin(
+        pool, shared=shared_memory(setup.hardware), colocated=setup.layout.colocated
+    )
     over = s.sequences_per_replica > pool.expected_rows
     excess = (
         f"; its {s.sequences_per_replica} slots per replica exceed the {pool.expected_rows} "

@@ -244,7 +244,7 @@ def _run(slots: SlotPrograms, params, state, placed, static, floor, refill, cloc
 def _waves(slots: SlotPrograms, params, requests, *, key, call: Call, width: int) -> Generated:
     """Waves of `width` rows (the last padded with its first request, whose copies are
     dropped), each decoded until its longest row ends."""
-    n, clock, parts = len(requests.caps), _Clock(), []
+    n, clock, parts, held = len(requests.caps), _Clock(), [], 0
     for first in range(0, n, width):
         rows = np.arange(first, first + width)
         rows = np.where(rows < n, rows, first)
@@ -253,12 +253,10 @@ def _waves(slots: SlotPrograms, params, requests, *, key, call: Call, width: int
         )
         state, placed, static = _start(slots, params, wave, key, call, width, clock)
         state = _run(slots, params, state, placed, static, 0, False, clock)
-        held = _pages_held(state)
+        held += _pages_held(state)
         parts.append(jax.device_get((state.tokens, state.logprobs, state.lengths, state.counts)))
-        parts[-1] = (*parts[-1], held)
     cat = lambda i: np.concatenate([p[i] for p in parts])[:n]
     counts = np.sum([p[3] for p in parts], axis=0)
-    held = sum(p[4] for p in parts)
     return _generated(cat(0), cat(1), cat(2), counts, waves=len(parts), clock=clock, held=held)
 
 
