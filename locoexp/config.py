@@ -138,9 +138,8 @@ class Config:
 
     @property
     def layout(self) -> Layout:
-        """Who runs where: the placement on the resolved hosts, and where the processes meet
-        (a joined Ray cluster spans machines, so it listens beyond loopback). Refuses a `da`
-        split that gives no whole host counts."""
+        """Who runs where: the placement on the resolved hosts. Refuses a `da` split that gives
+        no whole host counts."""
         hw, placement = self.hardware, self.placement
         return build_layout(
             placement.kind,
@@ -149,11 +148,6 @@ class Config:
             split=self.split,
             max_staleness=placement.max_staleness,
             cpu=hw.chip is ChipKind.cpu,
-            coordinator_port=hw.coordinator_port,
-            bind_address=hw.listen_address(multi_machine=placement.ray_address is not None),
-            coordinator_address=hw.coordinator_address,
-            process_id=hw.process_id,
-            coordinator_timeout_s=hw.coordinator_timeout_s,
         )
 
     @property

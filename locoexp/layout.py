@@ -15,14 +15,23 @@ asks the kind. A jax-free leaf: it imports nothing of locoexp but `errors`.
 - `da` (LoCoJAX-DA): one Ray actor per host; split x H hosts train as their own
   `jax.distributed` group, the others generate at most `placement.max_staleness` steps stale
   (the paper's 1), each at its own pace within that bound. Ray's own knobs (its address, the
-  restarts, the object store) are the Ray transport's (`placement.ray.spec.RaySpec`), not here.
+  restarts, the object store) are the Ray transport's (`placement.ray.spec.RaySpec`), and where
+  the processes meet (the coordinator, the bind address) the launcher's
+  (`placement.coordinator.CoordinatorSpec`), not here.
+
+The layout names the transport that carries its step (`TransportKind`): the session looks it up
+(`session.lifecycle.OPEN_TRANSPORT`) instead of asking whether the roles are apart.
 """
 
 import dataclasses
 import enum
-from typing import Any
 
 from locoexp.errors import ConfigError, require
+
+
+class TransportKind(enum.Enum):
+    in_process = "in_process"  # both halves in every host process (placement.inprocess)
+    ray = "ray"  # the halves in Ray actors, the loop in a driver (placement.ray)
 
 
 class PlacementKind(enum.Enum):
@@ -42,16 +51,7 @@ class Layout:
     # the staleness bound s: batch t samples with the weights of an update >= t - s (0: on-policy)
     staleness: int
     cpu: bool  # hardware=cpu: hosts are local processes (or actors) with CPU devices
-    # Where the processes meet: the jax.distributed coordinator (0: a free port) and the
-    # interface every listening socket binds to (None: all; loopback for a local run).
-    coordinator_port: int = 0
-    bind_address: str | None = None
-    # co whose hosts a cluster starts (hardware.coordinator_address): host 0's address:port and
-    # this process's host index (None: the local launcher starts every host, or a TPU slice's
-    # environment names both)
-    coordinator_address: str | None = None
-    process_id: int | None = None
-    coordinator_timeout_s: int = 300  # how long the group may take to assemble
+    transport: TransportKind  # what carries a step between the halves
 
     def __post_init__(self) -> None:
         require(
@@ -68,6 +68,10 @@ class Layout:
             apart or self.trainer_hosts == self.rollout_hosts == self.hosts,
             f"{self.trainer_hosts} trainer and {self.rollout_hosts} rollout hosts are neither "
             f"every one of the {self.hosts} hosts (colocated) nor apart (disaggregated).",
+        )
+        require(
+            self.colocated or self.transport is not TransportKind.in_process,
+            "trainer and rollout hosts apart need a transport between processes, not in_process.",
         )
 
     @property
@@ -122,11 +126,10 @@ def build_layout(
     split: float | None = None,
     max_staleness: int = 1,
     cpu: bool = True,
-    **meeting: Any,
 ) -> Layout:
-    """The layout of `kind` on `hosts` hosts; `meeting`: where the processes meet (Layout's
-    coordinator fields). Under `da`, `split` must give whole host counts (`trainer_hosts`)."""
-    trainers, per_engine, staleness = hosts, 1, 0
+    """The layout of `kind` on `hosts` hosts. Under `da`, `split` must give whole host counts
+    (`trainer_hosts`)."""
+    trainers, per_engine, staleness, transport = hosts, 1, 0, TransportKind.in_process
     match kind:
         case PlacementKind.co:
             pass
@@ -134,6 +137,7 @@ def build_layout(
             per_engine = hosts
         case PlacementKind.da:
             trainers, staleness = trainer_hosts(split, hosts), max_staleness
+            transport = TransportKind.ray
     return Layout(
         kind=kind,
         hosts=hosts,
@@ -143,7 +147,7 @@ def build_layout(
         hosts_per_engine=per_engine,
         staleness=staleness,
         cpu=cpu,
-        **meeting,
+        transport=transport,
     )
 
 

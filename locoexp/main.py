@@ -49,21 +49,21 @@ def run(
 def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
     """Start the run's processes and run the session in each: local host processes on CPU, this
     process on a TPU host (joined to its slice) or as the `da` Ray driver."""
-    layout = spec.layout
+    layout, meet = spec.layout, spec.coordinator
     if layout.disaggregated:  # a Ray driver starts the hosts as actors
         return run_session(spec, files)
     processes, devices = layout.processes, layout.devices_per_process
-    local = layout.cpu and layout.process_id is None  # not one host of a cluster-started group
+    local = layout.cpu and not meet.cluster_started
     if local and (processes > 1 or devices > 1):
         # a run on this machine alone listens on loopback unless told (`listen_address`)
-        assert layout.bind_address is not None
+        assert meet.bind_address is not None
         code = launch_local_processes(
             run_session,
             (spec, files),
             num_processes=processes,
             devices_per_process=devices,
-            coordinator_port=layout.coordinator_port,
-            bind_address=layout.bind_address,
+            coordinator_port=meet.port,
+            bind_address=meet.bind_address,
         )
         if code in STOPPED_EXIT_CODES:  # every host checkpointed after a stop signal
             raise RunStopped(latest_saved_step(files.run_dir) or 0, code - 128)
@@ -74,11 +74,11 @@ def launch(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
         if layout.cpu:
             configure_cpu_devices(devices)
         initialize_distributed(
-            coordinator=layout.coordinator_address,
+            coordinator=meet.address,
             num_processes=processes,
-            process_id=layout.process_id,
-            bind_address=layout.bind_address,
-            timeout_s=layout.coordinator_timeout_s,
-            key="hardware.coordinator_address" if layout.coordinator_address else None,
+            process_id=meet.process_id,
+            bind_address=meet.bind_address,
+            timeout_s=meet.timeout_s,
+            key="hardware.coordinator_address" if meet.address else None,
         )
     return run_session(spec, files)

@@ -62,6 +62,7 @@ from locoexp.layout import Layout
 from locoexp.metrics.config import LoggerKind
 from locoexp.metrics.wandb_logger import checked_mode
 from locoexp.model.checkpoint import check_checkpoint
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.ray.spec import RaySpec
 from locoexp.planner import describe_plan
 from locoexp.planner.fit import resolve_plan
@@ -80,7 +81,7 @@ def check_run(config: Config, *, run_dir: Path | None = None, job: list[str] | N
     if run_dir is not None:
         check_run_directory(run_dir, spec.survival)
         check_disk_space(run_dir, config)
-    check_listening(spec.layout, spec.ray)
+    check_listening(spec.layout, spec.ray, spec.coordinator)
     if config.rollout.engine is EngineKind.vllm:
         from locoexp.rollout import vllm_engine  # noqa: PLC0415
 
@@ -285,16 +286,16 @@ def check_disk_space(run_dir: Path, config: Config) -> None:
     )
 
 
-def check_listening(layout: Layout, ray: RaySpec | None) -> None:
+def check_listening(layout: Layout, ray: RaySpec | None, meet: CoordinatorSpec) -> None:
     """A run on this machine (hardware=cpu, no placement.ray_address) listens on
     `hardware.bind_address`, which must be one of this machine's addresses, and, with several
     processes, the jax.distributed coordinator on `hardware.coordinator_port`, which must be free
     (0: the launcher picks a free one)."""
-    if not layout.cpu or (ray is not None and ray.joined) or layout.bind_address is None:
+    if not layout.cpu or (ray is not None and ray.joined) or meet.bind_address is None:
         return
-    address = layout.bind_address
+    address = meet.bind_address
     uses_port = layout.processes > 1 or layout.disaggregated
-    port = layout.coordinator_port if uses_port else 0
+    port = meet.port if uses_port else 0
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds it
         try:

@@ -72,8 +72,8 @@ def launch_meeting(config, run_dir, meetings) -> None:
         (spec, files, str(meetings)),
         num_processes=layout.processes,
         devices_per_process=layout.devices_per_process,
-        coordinator_port=layout.coordinator_port,
-        bind_address=layout.bind_address,
+        coordinator_port=spec.coordinator.port,
+        bind_address=spec.coordinator.bind_address,
     )
     assert code == 0
 

@@ -26,7 +26,8 @@ from cli_runs import assert_loopback_only
 from step_loop_reference import overrides_of
 
 from locoexp.errors import ConfigError
-from locoexp.layout import Layout, PlacementKind
+from locoexp.layout import Layout, PlacementKind, TransportKind
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.ray.hosts import TrainerHost
 from locoexp.placement.ray.session import keep_ray_on_loopback, ray_session, watchdog
 from locoexp.placement.ray.spec import RaySpec
@@ -112,7 +113,7 @@ def test_the_loopback_switch_holds_for_the_next_ray_start_only(monkeypatch):
         assert (os.environ[switch], ray_constants.ENABLE_RAY_CLUSTER) == ("1", True)
 
 
-def layout(**keys) -> Layout:
+def layout() -> Layout:
     return Layout(
         kind=PlacementKind.da,
         hosts=2,
@@ -122,7 +123,7 @@ def layout(**keys) -> Layout:
         hosts_per_engine=1,
         staleness=1,
         cpu=True,
-        **keys,
+        transport=TransportKind.ray,
     )
 
 
@@ -147,7 +148,7 @@ def local_session() -> SimpleNamespace:
         patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "1")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
         before = switch()
-        with ray_session(layout(bind_address="127.0.0.1"), RaySpec()):
+        with ray_session(layout(), RaySpec(), CoordinatorSpec(bind_address="127.0.0.1")):
             during = switch()
             session_dir = os.path.realpath(ray._private.worker._global_node.get_session_dir_path())
             # an actor started after the switch was put back (the raylet keeps it for them)

@@ -63,7 +63,7 @@ def test_one_layout_says_who_runs_where_for_every_placement(
     asked = ("colocated", "disaggregated", "on_policy", "lockstep")
     assert {p for p in asked if getattr(layout, p)} == set(properties)
     assert spec.loop.staleness == layout.staleness == staleness
-    assert layout.bind_address == "127.0.0.1"  # a local run listens on loopback only
+    assert spec.coordinator.bind_address == "127.0.0.1"  # a local run listens on loopback only
     if layout.disaggregated:
         assert spec.ray and spec.ray.object_store_bytes and layout.local_processes == 5  # + driver
     else:
@@ -84,7 +84,9 @@ def test_every_transport_offers_the_whole_protocol(module):
     assert {"restore", "checkpoint", "export", "group"} <= wanted
     fields = {f.name for f in dataclasses.fields(transport)}
     assert wanted <= _members(transport) | fields
-    for name in wanted - fields - {"group"}:
+    properties = {n for n in wanted if isinstance(getattr(Transport, n), property)}
+    assert {"group", "profiler"} <= properties
+    for name in wanted - fields - properties:
         want = inspect.signature(getattr(Transport, name)).parameters
         have = inspect.signature(getattr(transport, name)).parameters
         assert list(have) == list(want), f"{cls}.{name}"

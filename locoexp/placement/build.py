@@ -21,6 +21,7 @@ from locoexp.dataset.config import DatasetConfig
 from locoexp.dataset.schedule import PromptSchedule
 from locoexp.dataset.task import Task
 from locoexp.errors import require
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
 from locoexp.placement.admission import AdmissionLog
@@ -52,14 +53,16 @@ def open_in_process(
     task: Task,
     schedule: PromptSchedule,
     timer,
-    admission_dir: Path | None = None,
+    run_dir: Path,
+    profile_steps: frozenset[int],
 ) -> Iterator[InProcess]:
     """This process's transport (`co`, `single_controller`), its rollout host writing its
-    admission records under `admission_dir` (`admission/host<h>.jsonl`)."""
+    admission records under `run_dir` (`admission/host<h>.jsonl`) and tracing `profile_steps`
+    (`profile/step<t>/host<h>/`)."""
     transport = build_in_process(halves, task, schedule, HostGroup.current(), timer)
-    if admission_dir is not None:
-        path = admission_dir / f"host{transport.group.index}.jsonl"
-        transport.rollout.admission_log = AdmissionLog(path)
+    index = transport.group.index
+    transport.rollout.admission_log = AdmissionLog(run_dir / "admission" / f"host{index}.jsonl")
+    transport.profiler = StepProfiler(run_dir, profile_steps, index=index)
     yield transport
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import (
@@ -41,6 +42,10 @@ class InProcess:
     rollout: RolloutHalf
     trainer: TrainerHalf
     group: HostGroup  # this host among every host (each runs the loop)
+    # the steps this host traces around its step (`profile_steps`; none unless the run says)
+    profiler: StepProfiler = dataclasses.field(
+        default_factory=lambda: StepProfiler(Path("."), frozenset())
+    )
 
     def start_rollout(self, step: int, published: Published) -> RolloutBatch:
         return self.rollout.run(step, published)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
 from locoexp.placement.halves import HalfReport, Published, TrainResult
@@ -34,6 +35,12 @@ class Transport(Protocol[PendingRollout, Batches, PendingTrain]):
     def group(self) -> HostGroup:
         """The processes that run the loop with this transport (every host in-process; the
         driver alone under `da`): they agree on stops and on the resumed clock."""
+        ...
+
+    @property
+    def profiler(self) -> StepProfiler:
+        """What this process traces of the profiled steps (`profile_steps`): every host its own
+        step in-process; nothing on the Ray driver, whose actors trace their own sides."""
         ...
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout: ...

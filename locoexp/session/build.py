@@ -11,6 +11,7 @@ from locoexp.checkpoint.progress import config_digest
 from locoexp.compiled.startup import judged
 from locoexp.config import Config
 from locoexp.model.config import DType
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan, StepSettings
 from locoexp.planner import Plan, Setup, check_fit, resolved_micro_batch_rows
@@ -33,6 +34,20 @@ def build_ray_spec(config: Config) -> RaySpec | None:
         object_store_bytes=object_store_bytes(
             publication_bytes(config.model, sampler_dtype(config))
         ),
+    )
+
+
+def build_coordinator_spec(config: Config) -> CoordinatorSpec:
+    """Where the run's processes meet: the `hardware` group's coordinator keys, listening on
+    loopback unless the run spans machines (a joined Ray cluster, a cluster-started group, a
+    TPU slice)."""
+    hw = config.hardware
+    return CoordinatorSpec(
+        port=hw.coordinator_port,
+        bind_address=hw.listen_address(multi_machine=config.placement.ray_address is not None),
+        address=hw.coordinator_address,
+        process_id=hw.process_id,
+        timeout_s=hw.coordinator_timeout_s,
     )
 
 
@@ -79,6 +94,7 @@ def build_spec(config: Config) -> RunSpec:
     return RunSpec(
         layout=layout,
         ray=build_ray_spec(c),
+        coordinator=build_coordinator_spec(c),
         loop=build_loop_plan(c, staleness=layout.staleness),
         halves=halves,
         survival=SurvivalSpec(

@@ -16,12 +16,11 @@ A stop signal ends the run after the running step and a checkpoint (`RunStopped`
 trains nothing; a restored run continues with its own records cut back to the checkpoint.
 """
 
-import contextlib
 import dataclasses
-import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +33,12 @@ from locoexp.checkpoint.state import latest_saved_step
 from locoexp.checkpoint.stop import StopSignals, stop_agreed
 from locoexp.dataset.schedule import PromptSchedule, build_schedule
 from locoexp.dataset.task import Task
-from locoexp.metrics.breakdown import StepProfiler
+from locoexp.layout import TransportKind
 from locoexp.metrics.cost import resumed_elapsed_s
 from locoexp.metrics.run_output import RunFiles, RunOutput
 from locoexp.metrics.timing import StepTimer
-from locoexp.placement.build import (
-    build_actor_rollout_half,
-    build_actor_trainer_half,
-    build_checked_task,
-    open_in_process,
-)
+from locoexp.placement.build import build_checked_task, open_in_process
 from locoexp.placement.loop import NOTHING_PUBLISHED, LoopClock, drive
-from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.placement.transport import Transport
 from locoexp.session.spec import RunSpec
 
@@ -64,7 +57,8 @@ def run_session(spec: RunSpec, files: RunFiles) -> dict[str, Any]:
             schedule = build_schedule(
                 spec.halves.dataset, steps=spec.loop.steps, num_examples=len(task.train)
             )
-            with open_transport(spec, task, schedule, survival, timer) as transport:
+            opener = OPEN_TRANSPORT[spec.layout.transport]
+            with opener(spec, task, schedule, survival, timer) as transport:
                 signals.install()  # again: a Ray driver's ray.init installed its own handler
                 restored = survival.restored
                 published = NOTHING_PUBLISHED
@@ -89,38 +83,55 @@ def open_survival(spec: RunSpec, run_dir: Path) -> RunSurvival:
     )
 
 
-@contextlib.contextmanager
-def open_transport(
+Opener = Callable[
+    [RunSpec, Task, PromptSchedule, RunSurvival, StepTimer], AbstractContextManager[Transport]
+]
+
+
+def open_in_process_transport(
     spec: RunSpec, task: Task, schedule: PromptSchedule, survival: RunSurvival, timer: StepTimer
-) -> Iterator[Transport]:
-    """The placement's transport, stopped (every actor and Ray, under `da`) when the run ends."""
-    halves, run_dir = spec.halves, survival.run_dir
-    if spec.layout.colocated:
-        admissions = run_dir / "admission"
-        with open_in_process(
-            halves, task=task, schedule=schedule, timer=timer, admission_dir=admissions
-        ) as transport:
-            yield transport
-        return
+) -> AbstractContextManager[Transport]:
+    """Both halves in this host process; it writes its admission records and traces its own
+    steps."""
+    return open_in_process(
+        spec.halves,
+        task=task,
+        schedule=schedule,
+        timer=timer,
+        run_dir=survival.run_dir,
+        profile_steps=spec.profile_steps,
+    )
+
+
+def open_ray_transport(
+    spec: RunSpec, task: Task, schedule: PromptSchedule, survival: RunSurvival, timer: StepTimer
+) -> AbstractContextManager[Transport]:
+    """The halves in Ray actors, this process their driver, every actor and Ray stopped when
+    the run ends; the transport checks every batch against `schedule` (its ledger, carried
+    over a resume) and times its waits itself."""
     from locoexp.placement.ray.transport import ray_actors  # noqa: PLC0415  (Ray: da only)
 
+    assert spec.ray is not None, "a Ray transport's spec holds its Ray cluster"
     restored = survival.restored
-    ids = [e.id for e in task.train]
-    rows = restored.ledger if restored else ()
-    path, bound = run_dir / "batches.jsonl", spec.layout.staleness
-    ledger = BatchLedger(schedule, ids, path, max_staleness=bound, rows=rows)
-    assert spec.ray is not None, "a disaggregated layout's spec holds its Ray cluster"
-    with ray_actors(
+    return ray_actors(
         spec.layout,
         spec.ray,
-        build_rollout=functools.partial(build_actor_rollout_half, halves, schedule=schedule),
-        build_trainer=functools.partial(build_actor_trainer_half, halves),
+        spec.coordinator,
+        spec.halves,
+        schedule=schedule,
+        example_ids=[e.id for e in task.train],
+        run_dir=survival.run_dir,
+        ledger_rows=restored.ledger if restored else (),
         freeze_gc=spec.loop.freeze_gc,
-        ledger=ledger,
-        run_dir=run_dir,
         profile_steps=spec.profile_steps,  # traced by the actors, each its own side
-    ) as transport:
-        yield transport
+    )
+
+
+# The transport a layout names (`Layout.transport`), opened for the run and stopped with it.
+OPEN_TRANSPORT: dict[TransportKind, Opener] = {
+    TransportKind.in_process: open_in_process_transport,
+    TransportKind.ray: open_ray_transport,
+}
 
 
 def drive_session(spec, files, hooks, timer, start_time, published) -> dict[str, Any]:
@@ -147,13 +158,7 @@ def drive_session(spec, files, hooks, timer, start_time, published) -> dict[str,
             extra_summary={"resume/attempts": 1 + restored.attempts} if restored else None,
             earlier_eval_s=hooks.earlier_eval_s,
             published=published,
-            # under da the actors trace (`placement.ray.hosts.side_profile`); the driver has no
-            # devices
-            profiler=StepProfiler(
-                Path(files.run_dir),
-                spec.profile_steps if spec.layout.colocated else frozenset(),
-                index=group.index,
-            ),
+            profiler=hooks.transport.profiler,
         )
 
 

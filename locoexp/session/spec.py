@@ -5,9 +5,11 @@ Frozen and jax-free, so start-up checks (`locoexp.preflight`), the dry run, tool
 (and Ray ships its halves' factories to the actors). It holds:
 
 - `layout`: who runs where (`locoexp.layout.Layout`: hosts, processes, devices, roles,
-  staleness, where the processes meet);
+  staleness, the transport that carries a step);
 - `ray`: the Ray cluster of a disaggregated layout (`placement.ray.spec.RaySpec`: its address,
   restarts, object store), read by the Ray transport alone; None when colocated;
+- `coordinator`: where the processes meet (`placement.coordinator.CoordinatorSpec`: the
+  jax.distributed coordinator, the bind address), read by what starts or joins them;
 - `loop`: the step loop's plan (steps, staleness, evaluation, O1/O2, cost-to-learn);
 - `halves`: what builds the two halves of a step (their sub-configs and step settings, with the
   trainer's micro-batch and the engine's capacity resolved by the memory plan);
@@ -23,6 +25,7 @@ import dataclasses
 from locoexp.checkpoint.config import ResumeMode
 from locoexp.layout import Layout
 from locoexp.metrics.config import LoggerConfig
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.settings import HalvesSpec, LoopPlan
 
@@ -46,6 +49,7 @@ class SurvivalSpec:
 class RunSpec:
     layout: Layout
     ray: RaySpec | None  # disaggregated layouts only
+    coordinator: CoordinatorSpec
     loop: LoopPlan
     halves: HalvesSpec
     survival: SurvivalSpec

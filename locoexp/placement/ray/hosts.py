@@ -47,6 +47,7 @@ from locoexp.metrics.breakdown import StepProfiler, exchange_annotation
 from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
 from locoexp.model.config import ModelConfig
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.halves import (
     HalfReport,
     Published,
@@ -258,6 +259,7 @@ def start_hosts(
     hosts: Hosts,
     layout: Layout,
     cluster: RaySpec,
+    meet: CoordinatorSpec,
     *,
     build_rollout: Callable[..., RolloutHalf],
     build_trainer: Callable[..., TrainerHalf],
@@ -296,8 +298,8 @@ def start_hosts(
                 profiler=dataclasses.replace(profiler, role="rollout", index=i),
             )
         )
-    port = layout.coordinator_port
-    bind = None if cluster.joined else layout.bind_address
+    port = meet.port
+    bind = None if cluster.joined else meet.bind_address
     coordinator = ray.get(hosts.trainers[0].coordinator_address.remote(port, bind))
     joined = [
         t.join.remote(

@@ -30,24 +30,26 @@ from typing import Any
 import ray
 
 from locoexp.layout import Layout
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.ray import watchdog as ray_watchdog
 from locoexp.placement.ray.spec import RaySpec
 
 
 @contextlib.contextmanager
-def ray_session(layout: Layout, cluster: RaySpec) -> Iterator[None]:
-    """Ray for the run, connected or started, until `ray.shutdown()` (module docstring)."""
+def ray_session(layout: Layout, cluster: RaySpec, meet: CoordinatorSpec) -> Iterator[None]:
+    """Ray for the run, connected or started, until `ray.shutdown()` (module docstring); its
+    services listen on `meet.bind_address`."""
     options: dict[str, Any] = dict(
         include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True
     )
-    if layout.bind_address is not None:
-        options["_node_ip_address"] = layout.bind_address
+    if meet.bind_address is not None:
+        options["_node_ip_address"] = meet.bind_address
     try:
         if cluster.joined:
             ray.init(address=cluster.address, **options)
             yield
         else:
-            _start_local(layout, cluster, options)
+            _start_local(layout, cluster, meet.bind_address, options)
             node = ray._private.worker._global_node
             assert node is not None, "ray.init has started this driver's node"
             with watchdog(node.get_session_dir_path()):
@@ -59,10 +61,9 @@ def ray_session(layout: Layout, cluster: RaySpec) -> Iterator[None]:
         ray.shutdown()
 
 
-def _start_local(layout: Layout, cluster: RaySpec, options: dict) -> None:
+def _start_local(layout: Layout, cluster: RaySpec, address: str | None, options: dict) -> None:
     if cluster.object_store_bytes is not None:
         options = {**options, "object_store_memory": cluster.object_store_bytes}
-    address = layout.bind_address
     loopback = address is not None and ipaddress.ip_address(address).is_loopback
     restore = keep_ray_on_loopback() if loopback else None
     try:

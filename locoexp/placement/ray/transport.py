@@ -35,26 +35,28 @@ Runs that survive (issue 13):
 import collections
 import contextlib
 import dataclasses
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import ray
 
-from locoexp.checkpoint.progress import RunProgress
+from locoexp.checkpoint.progress import LedgerRow, RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.dataset.schedule import PromptSchedule
 from locoexp.errors import ConfigError, RunFailed
 from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
+from locoexp.placement.build import build_actor_rollout_half, build_actor_trainer_half
+from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.halves import (
     HalfReport,
     Published,
     RolloutBatch,
-    RolloutHalf,
-    TrainerHalf,
     TrainResult,
 )
 from locoexp.placement.multihost import HostGroup
@@ -69,6 +71,7 @@ from locoexp.placement.ray.saved_batches import (
 from locoexp.placement.ray.session import ray_session
 from locoexp.placement.ray.spec import RaySpec
 from locoexp.placement.ray.terms import ScheduleTerms
+from locoexp.placement.settings import HalvesSpec
 from locoexp.tokenizer.protocol import Tokenizer
 
 # A host is lost when its actor died, or when Ray's memory monitor killed its worker while it
@@ -108,6 +111,11 @@ class RayActors:
     restarted: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # the windows Eq. 4's A and the overlap are measured from, until each step's record is out
     terms: ScheduleTerms = dataclasses.field(default_factory=ScheduleTerms)
+
+    @property
+    def profiler(self) -> StepProfiler:
+        """The driver traces nothing: it has no devices, and each actor traces its own side."""
+        return StepProfiler(self.run_dir, frozenset())
 
     def start_rollout(self, step: int, published: Published) -> PendingRollout:
         """Batch `step` on every rollout host (or from a resumed run's checkpoint). Each host
@@ -344,27 +352,36 @@ def trainer_died(host: int, hosts: int, during: str, *, out_of_memory: bool = Fa
 def ray_actors(
     layout: Layout,
     cluster: RaySpec,
+    meet: CoordinatorSpec,
+    halves: HalvesSpec,
     *,
-    build_rollout: Callable[..., RolloutHalf],
-    build_trainer: Callable[..., TrainerHalf],
-    freeze_gc: bool,
-    ledger: BatchLedger,
+    schedule: PromptSchedule,
+    example_ids: list[int],
     run_dir: Path,
+    ledger_rows: tuple[LedgerRow, ...],
+    freeze_gc: bool,
     profile_steps: frozenset[int],
 ) -> Iterator[RayActors]:
-    """Start Ray (`ray_session`) and one actor per host; stop every actor, Ray and the ledger
-    afterwards. A Ray error anywhere while a trainer host is dead (e.g. a rollout host that
-    cannot fetch the weights that host published) is reported as that trainer host's death."""
+    """Start Ray (`ray_session`) and one actor per host, each building its half of `halves`;
+    the ledger (`batches.jsonl`, from a resumed run's `ledger_rows`) checks `schedule`'s batches
+    of `example_ids`. Stop every actor, Ray and the ledger afterwards. A Ray error anywhere while
+    a trainer host is dead (e.g. a rollout host that cannot fetch the weights that host
+    published) is reported as that trainer host's death."""
+    path, bound = run_dir / "batches.jsonl", layout.staleness
+    ledger = BatchLedger(schedule, example_ids, path, max_staleness=bound, rows=ledger_rows)
     hosts = Hosts()
     try:
-        with ray_session(layout, cluster):
+        with ray_session(layout, cluster, meet):
             try:
                 start_hosts(
                     hosts,
                     layout,
                     cluster,
-                    build_rollout=build_rollout,
-                    build_trainer=build_trainer,
+                    meet,
+                    build_rollout=functools.partial(
+                        build_actor_rollout_half, halves, schedule=schedule
+                    ),
+                    build_trainer=functools.partial(build_actor_trainer_half, halves),
                     freeze=freeze_gc,
                     profiler=StepProfiler(run_dir, profile_steps),
                 )
