@@ -137,7 +137,7 @@ def test_cached_attention_compiles_without_a_plain_dot_over_the_cache():
     """Decode attention at Table 1's 2,304 slots lowers to XLA-CPU's YNNPACK fusions only: the
     values product written as [B,T,E,R,h] became a plain dot with the cache as its transposed
     operand, 20x slower, the generation regression of issue 42 (experiments/LOG.md)."""
-    from locoexp.model.transformer import attend_cached
+    from locoexp.model.layers import attend_cached
 
     rows, heads, kv_heads, slots, h = 8, 4, 2, 2304, 64
     q = jnp.zeros((rows, 1, heads, h))

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from locoexp.model.layers import attend_cached
 from locoexp.model.paged import paged_decode_attention
-from locoexp.model.transformer import attend_cached
 from locoexp.rollout import pages as pg
 
 SLOTS, HEADS, KV_HEADS, HEAD_DIM, PAGE, POOL = 4, 4, 2, 8, 4, 40

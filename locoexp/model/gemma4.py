@@ -15,8 +15,9 @@ What differs from the Qwen3 block (`transformer.py`), as the published configs d
   renormalises them and scales each by a learned `per_expert_scale`.
 The embedding is multiplied by sqrt(D) and the logits are soft-capped (`Transformer`).
 
-It owns the block's numerics only (it never samples or knows about meshes); the attention
-kernels and the KV-cache attention are shared with `transformer.py`.
+It owns the block's numerics only (it never samples or knows about meshes); the projections,
+norms, RoPE and KV-cache attention are the shared layers (`layers.py`), and `transformer.py`
+builds the model from this block.
 
 Shapes: B rows, T tokens, D width, H heads, K KV heads, h head width, E experts, I expert width.
 """
@@ -27,17 +28,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from locoexp.model.attention import attend, causal_segment_mask
 from locoexp.model.config import ModelConfig
+from locoexp.model.layers import RMSNorm, apply_rope, attend_cached, linear, masked_attention
 from locoexp.model.moe import expert_outputs, route, router_stats
-from locoexp.model.transformer import (
-    RMSNorm,
-    apply_rope,
-    attend,
-    attend_cached,
-    causal_segment_mask,
-    linear,
-    masked_attention,
-)
 
 Array = jax.Array
 _MASKED = -1e30
