@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from locoexp.checkpoint.stop import RunStopped
-from locoexp.compose import hydra_message, override_value, preflight, to_config
+from locoexp.compose import compose_command_line, hydra_message, override_value, to_config
 from locoexp.errors import ConfigError, RunFailed
 
 
@@ -76,7 +76,10 @@ def resume_line(stopped, run_dir: str) -> str:
 
 def cli() -> None:
     try:
-        jobs = preflight(sys.argv[1:])
+        jobs = compose_command_line(sys.argv[1:])
+        from locoexp.preflight import check_jobs  # noqa: PLC0415  (jax loads once the configs hold)
+
+        check_jobs(sys.argv[1:], jobs)
     except (ConfigError, OmegaConfBaseException, hydra.errors.HydraException, ValueError) as error:
         message = str(error) if isinstance(error, ConfigError) else hydra_message(error)
         print(f"error: {message}", file=sys.stderr)

@@ -26,7 +26,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from locoexp.config import Config, DryRun, config_keys
+from locoexp.config import Config, config_keys
 from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind
 
@@ -289,34 +289,14 @@ def use_cpu_backend() -> None:
         sys.modules["jax"].config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
-def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
-    """Compose and validate every job of a command line before Hydra starts (an experiment
-    file's sweep included), so bad input writes nothing: the schema's checks, then
-    `locoexp.preflight.check_run` (files, engine, logger). Returns (overrides, config) per job."""
+def compose_command_line(argv: list[str]) -> list[tuple[list[str], Config]]:
+    """Compose every job of a command line before Hydra starts (an experiment file's sweep
+    included), so bad input writes nothing: the schema's checks, with JAX's CPU backend chosen
+    where every job runs on CPU or only plans. Returns (overrides, config) per job; what needs
+    the machine is `locoexp.preflight.check_jobs`' (which loads jax: run it once these hold)."""
     check_hydra_overrides(argv)
     jobs = sweep_jobs(argv)
     configs = compose_configs(jobs)
     if all(c.hardware.chip is ChipKind.cpu or c.dry_run for c in configs):
         use_cpu_backend()
-    from locoexp.preflight import check_run, start_up_warnings  # noqa: PLC0415  (jax loads once the config is valid)
-
-    for job, config, run_dir in zip(jobs, configs, run_directories(argv, len(jobs)), strict=True):
-        for notice in start_up_warnings(config):
-            named = f"job {' '.join(job)}: {notice}" if len(jobs) > 1 else notice
-            print(f"warning: {named}", file=sys.stderr, flush=True)
-        tpu = config.hardware.chip is not ChipKind.cpu
-        if config.dry_run is DryRun.compile and tpu:  # libtpu and the slice, before compiling
-            from locoexp.compiled.topology import topology_devices  # noqa: PLC0415
-
-            try:
-                topology_devices(config.hardware)
-            except ConfigError as error:
-                named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
-                raise ConfigError(named) from error
-        if not config.dry_run:
-            try:
-                check_run(config, run_dir=run_dir, job=job)
-            except ConfigError as error:
-                named = f"job {' '.join(job)}: {error}" if len(jobs) > 1 else str(error)
-                raise ConfigError(named) from error
     return list(zip(jobs, configs, strict=True))

@@ -16,6 +16,7 @@ from typing import Any
 
 from locoexp.checkpoint.state import latest_saved_step
 from locoexp.checkpoint.stop import STOPPED_EXIT_CODES, RunStopped
+from locoexp.compiled.startup import judged
 from locoexp.config import Config, DryRun
 from locoexp.metrics.run_output import RunFiles
 from locoexp.placement.launch import (
@@ -41,7 +42,7 @@ def run(
     if config.dry_run:
         print(compiled(config) if config.dry_run is DryRun.compile else plan(config), flush=True)
         return {"dry_run": config.dry_run.value}
-    spec = build_spec(config)
+    spec = build_spec(config, xla=judged(config))  # XLA's verdict where preflight compiled
     files = RunFiles(str(run_dir), resolved_config, sweep_name, progress)
     return launch(spec, files)
 

@@ -1,6 +1,6 @@
 """`check_run(config)`: every refusal of a run that needs this machine, before anything is written.
 
-`run.py` calls it (through `locoexp.compose.preflight`) before Hydra creates the run directory,
+`run.py` calls it (through `check_jobs`) before Hydra creates the run directory,
 so bad input ends as one sentence on stderr (exit code 2, no traceback) and leaves no directory
 behind. The config's own invariants
 (types, ranges, finite floats, GRPO group size >= 2, training temperature > 0) are checked when
@@ -8,7 +8,7 @@ the typed `Config` is built; this module adds what needs the machine, cheapest f
 
 - memory fit, TP vs heads and placement: the plan, and XLA's compile where the plan could be
   wrong (`compiled.startup.check_memory`; `session.build.build_spec`, which `main.run`
-  repeats, follows XLA's verdict);
+  repeats, is handed XLA's verdict);
 - the rollout engine installed (`rollout=vllm` without vLLM: the pinned install command) and
   its platform settings;
 - the W&B logger: online needs local credentials and a server that answers within 2 s, unless
@@ -36,6 +36,7 @@ must call `jax.distributed.initialize` first).
 import errno
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -49,8 +50,9 @@ from locoexp.checkpoint.state import (
     resume_step,
     saved_progress,
 )
-from locoexp.compiled.startup import check_memory
-from locoexp.compose import experiment_sweep
+from locoexp.compiled.startup import check_memory, judged
+from locoexp.compiled.topology import topology_devices
+from locoexp.compose import compose_command_line, experiment_sweep, run_directories
 from locoexp.config import Config, DryRun
 from locoexp.dataset.build import needed_columns
 from locoexp.dataset.config import DatasetConfig, DatasetKind
@@ -72,12 +74,39 @@ from locoexp.session.build import build_spec, plan_setup
 from locoexp.session.spec import SurvivalSpec
 
 
+def preflight(argv: list[str]) -> list[tuple[list[str], Config]]:
+    """Every job of a command line composed (`compose.compose_command_line`) and checked
+    (`check_jobs`), as `run.py` does before Hydra starts. Returns (overrides, config) per job."""
+    jobs = compose_command_line(argv)
+    check_jobs(argv, jobs)
+    return jobs
+
+
+def check_jobs(argv: list[str], jobs: list[tuple[list[str], Config]]) -> None:
+    """Each composed job of the command line `argv`: its start-up warnings on stderr, then
+    (`check_run`) every refusal that needs this machine, named by the job in a sweep; a
+    `dry_run=compile` on a TPU slice needs libtpu and the slice's topology."""
+    run_dirs = run_directories(argv, len(jobs))
+    for (job, config), run_dir in zip(jobs, run_dirs, strict=True):
+        name = f"job {' '.join(job)}: " if len(jobs) > 1 else ""
+        for notice in start_up_warnings(config):
+            print(f"warning: {name}{notice}", file=sys.stderr, flush=True)
+        tpu = config.hardware.chip is not ChipKind.cpu
+        try:
+            if config.dry_run is DryRun.compile and tpu:  # libtpu and the slice, before compiling
+                topology_devices(config.hardware)
+            if not config.dry_run:
+                check_run(config, run_dir=run_dir, job=job)
+        except ConfigError as error:
+            raise ConfigError(f"{name}{error}") from error
+
+
 def check_run(config: Config, *, run_dir: Path | None = None, job: list[str] | None = None) -> None:
     """Raise `ConfigError` (one sentence) for the first refusal of `config` on this machine;
     `run_dir`: where Hydra will write the run (None: not checked); `job`: its command line (a
     refusal from XLA's compile then compiles the plan's proposals)."""
     check_memory(config, job)
-    spec = build_spec(config)
+    spec = build_spec(config, xla=judged(config))
     if run_dir is not None:
         check_run_directory(run_dir, spec.survival)
         check_disk_space(run_dir, config)

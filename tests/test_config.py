@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from locoexp.compose import compose_config, preflight
+from locoexp.compose import compose_command_line, compose_config
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 
@@ -188,7 +188,7 @@ def test_a_cluster_started_co_host_names_its_coordinator_and_index_or_is_refused
 
 def test_appended_unknown_key_is_refused_before_the_run():
     with pytest.raises(Exception, match="nonexistent_key"):
-        preflight(["+nonexistent_key=1"])
+        compose_command_line(["+nonexistent_key=1"])
 
 
 def test_profile_steps_outside_the_run_are_refused():

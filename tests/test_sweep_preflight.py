@@ -4,7 +4,13 @@ in the basic sweeper's order, each composed and checked before the first one run
 import pytest
 from hydra import compose, initialize_config_dir
 
-from locoexp.compose import CONFIG_DIR, EXPERIMENTS, hydra_message, preflight, sweep_jobs
+from locoexp.compose import (
+    CONFIG_DIR,
+    EXPERIMENTS,
+    compose_command_line,
+    hydra_message,
+    sweep_jobs,
+)
 from locoexp.errors import ConfigError
 
 
@@ -34,7 +40,7 @@ def test_a_bad_value_for_one_job_of_the_sweep_is_refused_before_any_runs():
     with pytest.raises(
         ConfigError, match=r"^job .*\+arm=da_25.*: split=0.25 with hardware.hosts=3"
     ):
-        preflight(["-m", "+experiment=co_vs_da_cpu", "hardware.hosts=3", "dry_run=true"])
+        compose_command_line(["-m", "+experiment=co_vs_da_cpu", "hardware.hosts=3", "dry_run=true"])
 
 
 def test_a_misspelt_key_inside_an_experiment_file_names_the_file_and_the_valid_keys(tmp_path):
@@ -52,7 +58,7 @@ def test_a_misspelt_key_inside_an_experiment_file_names_the_file_and_the_valid_k
 
 
 def test_one_job_of_a_sweeping_experiment_says_the_grid_needs_multirun():
-    from locoexp.preflight import dry_run_report  # noqa: PLC0415  (loads jax)
+    from locoexp.preflight import dry_run_report, preflight  # noqa: PLC0415  (loads jax)
 
     report = dry_run_report(preflight(["+experiment=co_vs_da_cpu", "dry_run=true"]))
     assert report.endswith("plan every job with -m)")

@@ -20,8 +20,9 @@ XLA-TPU's own available HBM (the presets), which it already nets of its reservat
 
 The child runs the compiles so that this process never creates a JAX backend (a host of a
 multi-host run must call `jax.distributed.initialize` first) and the compiler's own memory is
-returned before the run allocates. Its verdict is kept for this process (`judged_fits`), so
-that `session.build.build_spec`, called again by `main.run`, follows XLA rather than the plan.
+returned before the run allocates. Its verdict is kept for this process (`judged`), so that
+`preflight.check_run` and `main.run` hand it to `session.build.build_spec`, which then follows
+XLA rather than the plan.
 """
 
 import dataclasses
@@ -32,6 +33,7 @@ from locoexp.errors import ConfigError
 from locoexp.hardware.config import ChipKind
 from locoexp.planner.fit import check_fit
 from locoexp.planner.plan import Plan, capacity_bytes, shared_memory
+from locoexp.session.build import plan_setup
 
 # On a CPU machine the plan decides alone below this share of the memory: the largest XLA /
 # plan ratio measured on a run's peak there is 1.75 (Qwen3-0.6B on GSM8K, co: XLA 36.5 GiB for
@@ -74,8 +76,6 @@ def check_memory(config: Config, job: list[str] | None = None):
     """Compile `config`'s programs where the plan is not the whole answer and refuse (one
     sentence, `ConfigError`) what XLA does not fit; `job`, its command line, lets the refusal
     compile the plan's proposals. Returns XLA's `CompiledRun`, or None where the plan decided."""
-    from locoexp.session.build import plan_setup  # noqa: PLC0415  (session imports this module)
-
     setup = plan_setup(config)
     plan = check_fit(setup, memory=False)  # TP and EP degrees refuse here, before any compile
     if plan_decides(config, plan):
@@ -161,8 +161,6 @@ def _shrink(config: Config, result):
 
 def _role_devices(config: Config, role: str) -> int:
     """The local devices that hold the role's peak (co: every device holds both roles)."""
-    from locoexp.session.build import plan_setup  # noqa: PLC0415
-
     r, per_host = plan_setup(config).layout, config.hardware.devices_per_host
     if r.colocated:
         return r.trainer_hosts * per_host

@@ -8,7 +8,6 @@ import math
 from typing import Any
 
 from locoexp.checkpoint.progress import config_digest
-from locoexp.compiled.startup import judged
 from locoexp.config import Config
 from locoexp.model.config import DType
 from locoexp.placement.coordinator import CoordinatorSpec
@@ -66,13 +65,12 @@ def plan_setup(config: Config) -> Setup:
     )
 
 
-def build_spec(config: Config) -> RunSpec:
+def build_spec(config: Config, *, xla: Config | None = None) -> RunSpec:
     """The checked spec of a run: refuses (`ConfigError`, one sentence) a model that does not fit,
     a TP degree the heads do not allow, a placement the hosts cannot hold; resolves
-    `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the plan's sizes."""
-    # where this process compiled the run at start-up (`compiled.startup.check_memory`), XLA's
-    # verdict stands for the plan's, with the sizes XLA fits
-    xla = judged(config)
+    `trainer.micro_batch_rows=0` and `rollout.capacity=0` to the plan's sizes. `xla`: where this
+    process compiled the run at start-up (`compiled.startup.judged`), the config XLA fits, whose
+    verdict and sizes stand for the plan's."""
     config = xla or config
     setup = plan_setup(config)
     resolved = check_fit(setup, memory=xla is None)
