@@ -1,7 +1,6 @@
 """Builders of the two halves of a step from a `settings.HalvesSpec`, for every placement:
-in this process (`co`, `single_controller`: `open_in_process`) or in a Ray actor (`da`: the
-factories `build_actor_rollout_half` and `build_actor_trainer_half`, which Ray ships to the
-actors bound to the spec).
+in this process (`co`, `single_controller`: `open_in_process`), or, from the same
+`build_rollout_half` and `build_trainer_half`, in a Ray actor (`da`: `placement.ray.hosts`).
 
 Placement composes the trainer and the rollout engine here; neither of them imports placement.
 This module builds and never decides when anything runs (`loop.py` and `locoexp.session` do).
@@ -13,8 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from locoexp.dataset.build import build_task
 from locoexp.dataset.config import DatasetConfig
@@ -117,37 +114,3 @@ def build_trainer_half(policy, halves: HalvesSpec, **half) -> TrainerHalf:
         adapter=halves.adapter,
     )
     return TrainerHalf(trainer=trainer, **half)
-
-
-def build_actor_rollout_half(halves: HalvesSpec, **half) -> RolloutHalf:
-    """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
-    from locoexp.placement.ray.hosts import load_from_object_store  # noqa: PLC0415
-
-    policy = load_model(halves.model, seed=halves.settings.seed)
-    # what published pure dicts are loaded into: shapes only, so the initial weights live once
-    template = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.split(policy, nnx.Param)[1]
-    )
-    one_call = halves.settings.opt.publish_in_one_call
-    load = functools.partial(load_from_object_store, template=template, one_call=one_call)
-    model = halves.model
-    task = build_task(halves.dataset, tokenizer_dir=model.checkpoint, vocab_size=model.vocab_size)
-    return build_rollout_half(policy, task, halves, load=load, settings=halves.settings, **half)
-
-
-def build_actor_trainer_half(halves: HalvesSpec, *, group: HostGroup, **half) -> TrainerHalf:
-    """Called in a `da` trainer actor once it joined the trainer group: its share of every
-    batch, publishing through the object store in the rollout engines' dtype."""
-    from locoexp.placement.ray.hosts import publish_to_object_store  # noqa: PLC0415
-
-    one_call = halves.settings.opt.publish_in_one_call
-    dtype = jnp.dtype(halves.sampler_dtype.value)
-    return build_trainer_half(
-        load_model(halves.model, seed=halves.settings.seed),
-        halves,
-        group=group,
-        publish=functools.partial(publish_to_object_store, one_call=one_call, dtype=dtype),
-        share=(group.index, group.count),
-        settings=halves.settings,
-        **half,
-    )

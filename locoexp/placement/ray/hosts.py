@@ -15,8 +15,10 @@ the config and the published weights, so Ray restarts its actor after its proces
 driver then asks it for the lost work again (`transport.py`). A trainer host holds the
 training state, which only a checkpoint restores, so it is never restarted.
 
-The halves come from the factories of a `locoexp.session.RunSpec`, which Ray ships to the
-actors; this module never reads a config and never decides the schedule (`loop.py` does).
+The halves come from this module's factories (`build_actor_rollout_half`,
+`build_actor_trainer_half`) bound to a `RunSpec`'s `HalvesSpec`, which Ray ships to the actors;
+they build with `placement.build`'s builders, as in-process. This module never reads a config
+and never decides the schedule (`loop.py` does).
 Actors start with the driver's `XLA_FLAGS`, their device count set to `devices_per_host`.
 
 Ray itself (a local cluster, or a joined one) is started and stopped by `session.py`.
@@ -24,12 +26,14 @@ Ray itself (a local cluster, or a joined one) is started and stopped by `session
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import ray
 from flax import nnx
@@ -41,12 +45,15 @@ from ray.util.scheduling_strategies import (
 
 from locoexp.checkpoint.progress import RunProgress
 from locoexp.checkpoint.state import RunCheckpoints
+from locoexp.dataset.build import build_task
 from locoexp.errors import ConfigError
 from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler, exchange_annotation
 from locoexp.metrics.steady import WARMUP_STEPS
 from locoexp.metrics.timing import StepTimer, host_orchestration_s
+from locoexp.model.checkpoint import load_model
 from locoexp.model.config import ModelConfig
+from locoexp.placement.build import build_rollout_half, build_trainer_half
 from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.halves import (
     HalfReport,
@@ -66,6 +73,7 @@ from locoexp.placement.loop import freeze_gc
 from locoexp.placement.multihost import HostGroup, gather_for_engine
 from locoexp.placement.phases import load_into_engine
 from locoexp.placement.ray.spec import RaySpec
+from locoexp.placement.settings import HalvesSpec
 from locoexp.tokenizer.protocol import Tokenizer
 from locoexp.trainer.trainer import Trainer
 
@@ -340,3 +348,33 @@ def host_places(hosts: Hosts, layout: Layout, cluster: RaySpec) -> list:
             "hardware.hosts."
         )
     return [NodeAffinitySchedulingStrategy(n["NodeID"], soft=True) for n in nodes[:count]]
+
+
+def build_actor_rollout_half(halves: HalvesSpec, **half) -> RolloutHalf:
+    """Called in a `da` rollout actor: its own task, policy, engine and object-store loader."""
+    policy = load_model(halves.model, seed=halves.settings.seed)
+    # what published pure dicts are loaded into: shapes only, so the initial weights live once
+    template = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.split(policy, nnx.Param)[1]
+    )
+    one_call = halves.settings.opt.publish_in_one_call
+    load = functools.partial(load_from_object_store, template=template, one_call=one_call)
+    model = halves.model
+    task = build_task(halves.dataset, tokenizer_dir=model.checkpoint, vocab_size=model.vocab_size)
+    return build_rollout_half(policy, task, halves, load=load, settings=halves.settings, **half)
+
+
+def build_actor_trainer_half(halves: HalvesSpec, *, group: HostGroup, **half) -> TrainerHalf:
+    """Called in a `da` trainer actor once it joined the trainer group: its share of every
+    batch, publishing through the object store in the rollout engines' dtype."""
+    one_call = halves.settings.opt.publish_in_one_call
+    dtype = jnp.dtype(halves.sampler_dtype.value)
+    return build_trainer_half(
+        load_model(halves.model, seed=halves.settings.seed),
+        halves,
+        group=group,
+        publish=functools.partial(publish_to_object_store, one_call=one_call, dtype=dtype),
+        share=(group.index, group.count),
+        settings=halves.settings,
+        **half,
+    )

@@ -51,7 +51,6 @@ from locoexp.layout import Layout
 from locoexp.metrics.breakdown import StepProfiler
 from locoexp.metrics.timing import StepTimer
 from locoexp.model.config import ModelConfig
-from locoexp.placement.build import build_actor_rollout_half, build_actor_trainer_half
 from locoexp.placement.coordinator import CoordinatorSpec
 from locoexp.placement.halves import (
     HalfReport,
@@ -60,7 +59,12 @@ from locoexp.placement.halves import (
     TrainResult,
 )
 from locoexp.placement.multihost import HostGroup
-from locoexp.placement.ray.hosts import Hosts, start_hosts
+from locoexp.placement.ray.hosts import (
+    Hosts,
+    build_actor_rollout_half,
+    build_actor_trainer_half,
+    start_hosts,
+)
 from locoexp.placement.ray.ledger import BatchLedger
 from locoexp.placement.ray.saved_batches import (
     clear_batches,
