@@ -10,8 +10,11 @@ import sys
 import pytest
 
 from locoexp.compose import compose_config
+from locoexp.errors import ConfigError
+from locoexp.layout import Layout, PlacementKind, TransportKind
 from locoexp.placement.transport import Transport
 from locoexp.session.build import build_spec
+from locoexp.session.lifecycle import OPEN_TRANSPORT
 
 
 @pytest.mark.parametrize("module", ["locoexp.session.spec", "locoexp.layout"])
@@ -64,6 +67,8 @@ def test_one_layout_says_who_runs_where_for_every_placement(
     assert {p for p in asked if getattr(layout, p)} == set(properties)
     assert spec.loop.staleness == layout.staleness == staleness
     assert spec.coordinator.bind_address == "127.0.0.1"  # a local run listens on loopback only
+    ray = layout.transport is TransportKind.ray
+    assert ray == layout.disaggregated  # actors apart need a transport between processes
     if layout.disaggregated:
         assert spec.ray and spec.ray.object_store_bytes and layout.local_processes == 5  # + driver
     else:
@@ -90,3 +95,22 @@ def test_every_transport_offers_the_whole_protocol(module):
         want = inspect.signature(getattr(Transport, name)).parameters
         have = inspect.signature(getattr(transport, name)).parameters
         assert list(have) == list(want), f"{cls}.{name}"
+
+
+def test_the_session_opens_every_transport_a_layout_can_name():
+    assert set(OPEN_TRANSPORT) == set(TransportKind)
+
+
+def test_hosts_apart_are_refused_an_in_process_transport():
+    with pytest.raises(ConfigError, match="need a transport between processes"):
+        Layout(
+            kind=PlacementKind.da,
+            hosts=2,
+            devices_per_host=1,
+            trainer_hosts=1,
+            rollout_hosts=1,
+            hosts_per_engine=1,
+            staleness=1,
+            cpu=True,
+            transport=TransportKind.in_process,
+        )
