@@ -11,7 +11,7 @@ import pytest
 
 from locoexp.compose import compose_config
 from locoexp.errors import ConfigError
-from locoexp.layout import Layout, PlacementKind, TransportKind
+from locoexp.layout import PlacementKind, TransportKind, build_layout
 from locoexp.placement.transport import Transport
 from locoexp.session.build import build_spec
 from locoexp.session.lifecycle import OPEN_TRANSPORT
@@ -102,15 +102,6 @@ def test_the_session_opens_every_transport_a_layout_can_name():
 
 
 def test_hosts_apart_are_refused_an_in_process_transport():
+    apart = build_layout(PlacementKind.da, hosts=2, devices_per_host=1, split=0.5)
     with pytest.raises(ConfigError, match="need a transport between processes"):
-        Layout(
-            kind=PlacementKind.da,
-            hosts=2,
-            devices_per_host=1,
-            trainer_hosts=1,
-            rollout_hosts=1,
-            hosts_per_engine=1,
-            staleness=1,
-            cpu=True,
-            transport=TransportKind.in_process,
-        )
+        dataclasses.replace(apart, transport=TransportKind.in_process)
