@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from locoexp.analysis import anchors, constants, predict
+from locoexp.analysis import anchors, constants, predict, step, table3
 from locoexp.analysis.__main__ import main
 from locoexp.compose import compose_config, compose_configs
 
@@ -39,7 +39,10 @@ def test_calibrated_constants_refit_from_the_cache_on_their_named_fit_set():
     assert constants.fit_set() == {
         "App. C TP1 weight time, Qwen3-0.6B: 0.70 ms",
         "App. C TP2 penalty, Qwen3-0.6B: 0.68 ms",
+        "App. C admission: 128 requests per host in under 0.06 s",
+        *constants._TABLE_3_FIT,
     }
+    assert not constants.MFU.fit_set  # stated, not fitted
 
 
 def test_chip_table_covers_the_presets_chips_with_sources():
@@ -125,3 +128,54 @@ def test_compiled_figures_of_a_tiny_model_are_its_weights_and_cache():
     layer = d * h * hd * 2 + d * kv * hd * 2 + 3 * d * m.mlp_dim + 2 * d + 2 * hd
     params = m.vocab_size * d + m.num_layers * layer + d  # tied embeddings: one table
     assert out["weight_bytes"] == pytest.approx(2 * params, rel=0.02)
+
+
+def table3_shapes(cells):
+    return table3.shapes(cells, compose_configs([table3.job(*c) for c in cells]), CACHE)
+
+
+def test_step_constants_refit_from_table_3s_named_fit_set():
+    fitted = table3.fit_step_constants(table3_shapes(table3.FIT_SET))
+    for workload in table3.WORKLOADS:
+        assert constants.PHI[workload].value == pytest.approx(fitted[workload], abs=0.002)
+    assert constants.HOST_S.value == pytest.approx(fitted["host_s"], abs=0.002)
+    # MFU is not pinned by these cells: refitting at 0.5 moves no fitted step by 1%
+    other = table3.fit_step_constants(table3_shapes(table3.FIT_SET), mfu=0.5)
+    for cell, (shape, figures) in zip(table3.FIT_SET, table3_shapes(table3.FIT_SET), strict=True):
+        at = dict(phi=other[cell[0]], mfu=0.5, host_s=other["host_s"])
+        stated = step.predict_cell_step(shape, figures)["step"]
+        assert step.predict_step(shape, figures, **at)["step"] == pytest.approx(stated, rel=0.01)
+
+
+def test_table_3_held_out_steps_within_30_percent_on_two_thirds():
+    cells = table3.cells()
+    rows = table3.table3_rows(cells, table3_shapes(cells))
+    held = [r for r in rows if r["status"] == "held out"]
+    assert len(held) == 16 and len(rows) - len(held) == len(table3.FIT_SET)
+    assert sum(abs(r["error"]) < 0.30 for r in held) >= 2 / 3 * len(held)
+    # the base cells at chip counts no fitted cell has are all within 30%
+    between = [r for r in held if r["arm"] == "co_base"]
+    assert len(between) == 5 and all(abs(r["error"]) < 0.30 for r in between)
+
+
+def test_decode_iterations_and_cache_reads_of_a_hand_sized_step():
+    engine = predict.CellShape(
+        cell="x", model="m", chip="tpu_v7x", tp=1, dtype="bfloat16", rows=4, waves=2,
+        lockstep=False, prompt_tokens=10.0, lengths_from="test",
+    )  # fmt: skip
+    shape = step.StepShape(
+        engine=engine, workload="gsm8k", max_new_tokens=100, requests_per_replica=8,
+        continuous=False, requests=64, hosts=2, cores=8,
+    )  # fmt: skip
+    assert step.decode_iterations(shape, 50.0) == 200  # two waves to the cap
+    continuous = step.StepShape(**{**shape.__dict__, "continuous": True})
+    assert step.decode_iterations(continuous, 50.0) == 100 + 4 * 50 / 4
+    figures = predict.DecodeFigures(
+        model="m", device_kind="TPU7x", tp=1, rows=4, dtype="bfloat16", weight_bytes=0.0,
+        kv_bytes_per_token=1e6, xla_bytes_accessed=0.0, xla_flops=0.0, collectives=0,
+    )  # fmt: skip
+    got = step.predict_step(shape, figures, phi=0.5, mfu=0.3, host_s=0.0)
+    # 8 rows, each reading 10 + i cached tokens at its i-th of 50 iterations, at beta_eff
+    reads = 8 * (10 * 50 + 50 * 49 / 2) * 1e6 / constants.BETA_EFF.value
+    kappa = 200 * constants.KAPPA_MS.value / 1e3
+    assert got["decode"] == pytest.approx(kappa + reads)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from locoexp.analysis import anchors, predict
+from locoexp.analysis import anchors, predict, step, table3
 from locoexp.compose import compose_configs, sweep_jobs
 from locoexp.errors import ConfigError
 from locoexp.planner.paper import cell_of
@@ -61,18 +61,38 @@ def run_predict(args: argparse.Namespace) -> dict:
     for job, config in zip(jobs, compose_configs(jobs) if jobs else [], strict=True):
         cell = cell_of(job) or " ".join(job)
         try:
-            rows.append(predict.predict_cell(predict.cell_shape(cell, config, lengths), cache))
+            rows.append(cell_row(cell, config, cache, lengths))
         except ConfigError as refusal:
             rows.append({"cell": cell, "not predicted": str(refusal)})
     out: dict = {"cells": rows}
     if args.anchors:
         (config,) = compose_configs([anchors.FIGURE_7B[1]])
         out["anchors"] = anchors.anchor_tables(cache, config)
+        cells = table3.cells()
+        configs = compose_configs([table3.job(*c) for c in cells])
+        out["anchors"]["table_3"] = table3.table3_rows(cells, table3.shapes(cells, configs, cache))
     if not jobs and not args.anchors:
         raise ConfigError(
             "predict needs a target (experiment, run directory, overrides) or --anchors."
         )
     return out
+
+
+def cell_row(cell: str, config, cache, lengths) -> dict:
+    """Eq. 2's iteration as decode starts and, for a colocated cell of a workload with a fitted
+    phi, the step (locoexp/analysis/step.py)."""
+    shape = predict.cell_shape(cell, config, lengths)
+    row = predict.predict_cell(shape, cache)
+    if config.layout.colocated and shape_workload(config) in step.PHI:
+        figures = predict.decode_figures(cache, model=shape.model, tp=shape.tp, dtype=shape.dtype)
+        got = step.predict_cell_step(step.step_shape(shape, config), figures)
+        row |= {f"{k}_s": round(v, 3) for k, v in got.items() if k != "iterations"}
+        row["iterations"] = round(got["iterations"])
+    return row
+
+
+def shape_workload(config) -> str:
+    return config.dataset.kind.value
 
 
 def _table(rows: list[dict]) -> str:
