@@ -74,7 +74,9 @@ class IterationPrediction:
     kv_ms: float  # Q_KV / beta_eff
     tp_ms: float  # C_TP(t)
     compute_ms: float  # XLA's FLOPs at the core's peak: omitted by Eq. 2, shown beside it
-    xla_bytes_ms: float  # XLA's bytes accessed / beta_eff: a compiler figure, not Eq. 2's term
+    # XLA's bytes accessed / beta_eff of the iteration as compiled (its `rows`, a 32-slot cache):
+    # a compiler figure beside Eq. 2, not its bytes term
+    xla_bytes_ms: float
 
     @property
     def total_ms(self) -> float:
@@ -171,6 +173,7 @@ def predict_cell(shape: CellShape, cache: list[DecodeFigures]) -> dict:
         "cell": shape.cell,
         "tp": shape.tp,
         "rows": shape.rows,
+        "compiled_rows": figures.rows,
         "waves": shape.waves,
         "prompt_tokens": round(shape.prompt_tokens, 1),
         "lengths": shape.lengths_from,
