@@ -92,6 +92,15 @@ def test_replica_rows_give_table_3s_waves():
     assert predict.replica_rows(100, 16, 0) == (7, 1)
 
 
+def test_jax_engine_cells_spread_requests_over_devices_per_tp():
+    config = compose_config(
+        ["model=qwen3_0_6b", "dataset=gsm8k", "hardware=tpu_v7x_8", "rollout.tensor_parallel=2"]
+    )  # rollout=jax: 2 hosts x 8 devices / TP2 = 8 replicas for 128 x 16 requests
+    assert predict.engine_replicas(config) == (8, 0)
+    shape = predict.cell_shape("jax", config, {})
+    assert (shape.rows, shape.waves, shape.tp) == (256, 1, 2)
+
+
 def test_predict_lists_uncompiled_and_lockstep_cells_with_the_reason(capsys):
     jobs = [
         ["+experiment=stack_comparison", "+workload=gsm8k", "hardware=tpu_v7x_64", f"+arm={a}"]

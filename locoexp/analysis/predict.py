@@ -133,13 +133,25 @@ def replica_rows(requests: int, replicas: int, max_rows: int) -> tuple[int, int]
     return math.ceil(per_replica / waves), waves
 
 
+def engine_replicas(config) -> tuple[int, int]:
+    """(the step's engine replicas, the most rows a replica holds at a time; 0: no cap): vLLM's
+    `data_parallel` ranks per host, each up to `max_sequences_per_replica`; the JAX engine's
+    devices / TP per host, sharing an engine's `capacity` (0 here when the plan sizes it)."""
+    r, layout = config.rollout, config.layout
+    if r.engine.value == "vllm":
+        return layout.rollout_hosts * r.data_parallel // layout.hosts_per_engine, (
+            r.max_sequences_per_replica
+        )
+    per_engine = layout.hosts_per_engine * layout.devices_per_host // r.tensor_parallel
+    engines = layout.rollout_hosts // layout.hosts_per_engine
+    return engines * per_engine, -(-r.capacity // per_engine) if r.capacity else 0
+
+
 def cell_shape(cell: str, config, lengths: dict[str, dict]) -> CellShape:
     """The cell's shape from its typed config (`locoexp.config.Config`)."""
     d, r, layout = config.dataset, config.rollout, config.layout
-    replicas = layout.rollout_hosts * r.data_parallel // layout.hosts_per_engine
-    rows, waves = replica_rows(
-        d.prompts_per_step * d.samples_per_prompt, replicas, r.max_sequences_per_replica
-    )
+    replicas, most = engine_replicas(config)
+    rows, waves = replica_rows(d.prompts_per_step * d.samples_per_prompt, replicas, most)
     mix = lengths.get(d.kind.value)
     prompt, source = (
         (min(mix["mean_prompt_tokens"], d.max_prompt_tokens), f"{d.kind.value}'s stored rows")

@@ -32,7 +32,7 @@ from locoexp.analysis.constants import (
     MFU,
     PHI,
 )
-from locoexp.analysis.predict import CellShape, DecodeFigures, predict_iteration
+from locoexp.analysis.predict import CellShape, DecodeFigures, engine_replicas, predict_iteration
 
 TRAIN_PASSES = 4  # forward + backward (2 forwards) + remat's recomputed forward (remat: block)
 
@@ -53,7 +53,7 @@ class StepShape:
 
 def step_shape(engine: CellShape, config) -> StepShape:
     d, r, layout = config.dataset, config.rollout, config.layout
-    replicas = layout.rollout_hosts * r.data_parallel // layout.hosts_per_engine
+    replicas, _ = engine_replicas(config)
     requests = d.prompts_per_step * d.samples_per_prompt
     return StepShape(
         engine=engine, workload=d.kind.value, max_new_tokens=d.max_new_tokens,
