@@ -83,16 +83,12 @@ def cell_row(cell: str, config, cache, lengths) -> dict:
     phi, the step (locoexp/analysis/step.py)."""
     shape = predict.cell_shape(cell, config, lengths)
     row = predict.predict_cell(shape, cache)
-    if config.layout.colocated and shape_workload(config) in step.PHI:
+    if config.layout.colocated and config.dataset.kind.value in step.PHI:
         figures = predict.decode_figures(cache, model=shape.model, tp=shape.tp, dtype=shape.dtype)
         got = step.predict_cell_step(step.step_shape(shape, config), figures)
         row |= {f"{k}_s": round(v, 3) for k, v in got.items() if k != "iterations"}
         row["iterations"] = round(got["iterations"])
     return row
-
-
-def shape_workload(config) -> str:
-    return config.dataset.kind.value
 
 
 def _table(rows: list[dict]) -> str:

@@ -94,6 +94,7 @@ def table3_rows(cells, cell_shapes) -> list[dict]:
     rows = []
     for (workload, chips, arm), (shape, figures) in zip(cells, cell_shapes, strict=True):
         got = {k: round(v, 3) for k, v in step.predict_cell_step(shape, figures).items()}
+        got["iterations"] = round(got["iterations"])
         paper = paper_step(workload, chips, arm)
         rows.append(
             dict(workload=workload, chips=chips, arm=arm, **got, paper_s=paper,
