@@ -17,9 +17,8 @@ from pathlib import Path
 import yaml
 
 from locoexp.analysis import anchors, predict, step, table3
-from locoexp.compose import compose_configs, sweep_jobs
+from locoexp.compose import cell_of, compose_configs, sweep_jobs
 from locoexp.errors import ConfigError
-from locoexp.planner.paper import cell_of
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments" / "experiment"
 
