@@ -4,6 +4,7 @@ that cache, and the paper's anchors (Figure 7b, App. C's weight times, compute a
 against their targets. Nothing here compiles but the tiny model's test at the end."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -188,3 +189,12 @@ def test_decode_iterations_and_cache_reads_of_a_hand_sized_step():
     reads = 8 * (10 * 50 + 50 * 49 / 2) * 1e6 / constants.BETA_EFF.value
     kappa = 200 * constants.KAPPA_MS.value / 1e3
     assert got["decode"] == pytest.approx(kappa + reads)
+
+
+def test_predict_imports_no_jax():
+    # STYLE: analysis never imports jax; predict reads compiled figures from the cache
+    code = (
+        "import sys; from locoexp.analysis import predict_cli, step, table3, anchors; "
+        "assert 'jax' not in sys.modules, 'jax imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
