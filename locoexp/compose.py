@@ -250,6 +250,16 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return sweep_combinations([*experiment_sweep(overrides), *overrides])
 
 
+# Overrides that repeat a cell (launches, seeds) or select the file, not part of its name.
+REPEATS = ("launch=", "seed=", "+experiment=", "dry_run=")
+
+
+def cell_of(job: list[str]) -> str:
+    """A job's cell (one of an experiment file's, `sweep_jobs`): its overrides' values,
+    repeats (launch, seed) left out."""
+    return " ".join(o.split("=", 1)[1] for o in job if not o.startswith(REPEATS))
+
+
 def override_value(value: str) -> str:
     """`value` written so that Hydra's override parser reads it back unchanged: as it is where
     that holds, else in single quotes with quotes, the backslashes before them and `${`

@@ -14,10 +14,10 @@ test fails when a cell moves either way.
 
 import pytest
 
-from locoexp.compose import compose_config, compose_configs, sweep_jobs
+from locoexp.compose import cell_of, compose_config, compose_configs, sweep_jobs
 from locoexp.errors import ConfigError
 from locoexp.planner import check_fit
-from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS, cell_of, verdict_category
+from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS, verdict_category
 from locoexp.planner.report import verdict_of
 from locoexp.session.build import plan_setup
 

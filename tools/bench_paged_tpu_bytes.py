@@ -48,12 +48,11 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
 from locoexp.compiled import topology
-from locoexp.compiled.programs import abstract_model
+from locoexp.compiled.programs import abstract_model, lower_decode_iteration
 from locoexp.compose import compose_config
 from locoexp.dataset.prompts import encode_chat_prompt
-from locoexp.model.moe import expert_mesh
 from locoexp.model.paged_kernel import block_sizes, fit_vmem, vmem_limit
-from locoexp.rollout import decode, scheduling
+from locoexp.rollout import scheduling
 from locoexp.rollout.config import SamplingParams
 from locoexp.rollout.engine import JaxEngine, padded_prompt_tokens
 from locoexp.rollout.pages import pages_for
@@ -106,21 +105,14 @@ def iteration_cost(config, device, width: int) -> tuple[float, float, int, int]:
         devices=[device],
         abstract=True,
     )
-    slots = engine.slot_programs
     prompt_len = padded_prompt_tokens(config.dataset.max_prompt_tokens, config.rollout)
     max_new, page = config.dataset.max_new_tokens, config.rollout.page_tokens
     chunk = min(config.rollout.prefill_chunk_tokens, prompt_len)
     call = scheduling.Call(prompt_len, max_new, chunk, SamplingParams(1.0))
-    i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=slots.replicated)  # noqa: E731
-    requests = decode.Requests(i32((width, prompt_len)), i32((width,)), i32((width,)), i32(()))
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=slots.replicated)
-    static = (call, width, width)
-    with expert_mesh(engine.mesh):
-        state = jax.eval_shape(slots.jit("start", static), engine.params, requests, key)
-        lowered = slots.jit("iteration", static).lower(engine.params, state, requests)
-        begin = time.perf_counter()
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - begin
+    lowered = lower_decode_iteration(engine, call, width)
+    begin = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - begin
     text = compiled.as_text()
     if config.rollout.kv_cache.value == "paged":
         assert text.count("tpu_custom_call") >= config.model.num_layers, "no kernel compiled"

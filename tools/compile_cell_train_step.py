@@ -14,8 +14,7 @@ import argparse
 import dataclasses
 import time
 
-from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
-from locoexp.planner.paper import cell_of
+from locoexp.compose import cell_of, compose_configs, sweep_jobs, use_cpu_backend
 
 GIB = 2**30
 

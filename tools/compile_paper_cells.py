@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from locoexp.compiled.worker import compile_pooled
-from locoexp.compose import compose_configs, sweep_jobs, use_cpu_backend
+from locoexp.compose import cell_of, compose_configs, sweep_jobs, use_cpu_backend
 from locoexp.config import Config
 from locoexp.errors import ConfigError
 from locoexp.planner import resolve_plan
 from locoexp.planner.estimate import GIB
-from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS, cell_of
+from locoexp.planner.paper import PAPER, PAPER_EXPERIMENTS
 from locoexp.session.build import config_as_dict, plan_setup
 
 # Keys that change no compiled program: the step loop's levers, repeats, logging and schedule.

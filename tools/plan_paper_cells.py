@@ -14,10 +14,10 @@ decode waves. tests/test_paper_experiments.py sets each verdict beside the paper
 import argparse
 import re
 
-from locoexp.compose import compose_configs, sweep_jobs
+from locoexp.compose import cell_of, compose_configs, sweep_jobs
 from locoexp.planner import resolve_plan
 from locoexp.planner.estimate import GIB
-from locoexp.planner.paper import PAPER_EXPERIMENTS, cell_of, verdict_category
+from locoexp.planner.paper import PAPER_EXPERIMENTS, verdict_category
 from locoexp.planner.report import verdict_of
 from locoexp.session.build import plan_setup
 

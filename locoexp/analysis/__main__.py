@@ -9,6 +9,7 @@
     accounting --recommend --co RUN [RUN ...] [--da RUN ...]     Eq. 4's da period predicted
     cost RUN [RUN ...] [--against RUN ...] [--target 0.85]       Appendix I, Tables I2 and I6
     figures RUN_OR_SWEEP [...] --out DIR [--only fig4 ...]       the paper's figures as PNG
+    predict EXPERIMENT | RUN | OVERRIDES [--anchors]             Eq. 2 from compiled programs
 
 Every command prints a table on stdout, or with --json the same as JSON. Bad input exits 2
 with one sentence. Never imports jax.
@@ -25,12 +26,13 @@ from locoexp.errors import ConfigError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="locoexp-analysis", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    from locoexp.analysis import cli  # noqa: PLC0415  (keeps --help fast)
+    from locoexp.analysis import cli, predict_cli  # noqa: PLC0415  (keeps --help fast)
 
     cli.add_compare(commands)
     cli.add_accounting(commands)
     cli.add_cost(commands)
     cli.add_figures(commands)
+    predict_cli.add_predict(commands)
     return parser
 
 

@@ -201,6 +201,21 @@ def _abstract_int32(shape: tuple[int, ...], sharding: jax.sharding.Sharding) -> 
     return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)  # type: ignore[return-value]
 
 
+def _abstract_requests(rows: int, prompt_len: int, replicated) -> tuple[decode.Requests, Any]:
+    """`rows` requests of `prompt_len` prompt slots and a PRNG key, abstract and replicated."""
+    requests = decode.Requests(
+        prompts=_abstract_int32((rows, prompt_len), replicated),
+        prompt_lens=_abstract_int32((rows,), replicated),
+        caps=_abstract_int32((rows,), replicated),
+        first=_abstract_int32((), replicated),
+    )
+    # the key's dtype, traced: a concrete key would run on the default device, a TPU
+    # topology's deviceless one under an expert mesh ("'Executable' object has no attribute
+    # 'local_devices'")
+    dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
+    return requests, jax.ShapeDtypeStruct((), dtype, sharding=replicated)
+
+
 def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable[[], Any]]:
     """The engine's programs at the plan's capacity, each a function lowering it (call it
     under `expert_mesh(engine.mesh)`): one wave (waves), or every request of the step through
@@ -216,18 +231,7 @@ def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable
         sampling=shapes.sampling,
     )
     slots = engine.slot_programs
-    replicated = slots.replicated
-    placed = decode.Requests(
-        prompts=_abstract_int32((requests, e.prompt_tokens), replicated),
-        prompt_lens=_abstract_int32((requests,), replicated),
-        caps=_abstract_int32((requests,), replicated),
-        first=_abstract_int32((), replicated),
-    )
-    # the key's dtype, traced: a concrete key would run on the default device, a TPU
-    # topology's deviceless one under an expert mesh ("'Executable' object has no attribute
-    # 'local_devices'")
-    dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
-    key = jax.ShapeDtypeStruct((), dtype, sharding=replicated)
+    placed, key = _abstract_requests(requests, e.prompt_tokens, slots.replicated)
     static = (call, width, requests)
     widths = scheduling.slot_widths(width, engine.replicas) if continuous else [width]
     floor = widths[1] if len(widths) > 1 else 0
@@ -243,6 +247,19 @@ def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable
         compact = slots.jit("compact", (call, floor, requests, width))
         out["compact"] = lambda: compact.lower(*slots.compact_args(state))
     return out
+
+
+def lower_decode_iteration(engine: JaxEngine, call: scheduling.Call, rows: int) -> Any:
+    """One decode iteration of `rows` rows on one replica (`decode.iteration`: `run`'s loop body
+    alone, because XLA's cost analysis counts a while loop's body once whatever its trip
+    count), lowered from abstract arguments: the program whose cost analysis
+    tools/bench_paged_tpu_bytes.py and tools/compile_decode_iterations.py read."""
+    slots = engine.slot_programs
+    requests, key = _abstract_requests(rows, call.prompt_len, slots.replicated)
+    static = (call, rows, rows)
+    with expert_mesh(engine.mesh):
+        state = jax.eval_shape(slots.jit("start", static), engine.params, requests, key)
+        return slots.jit("iteration", static).lower(engine.params, state, requests)
 
 
 def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:

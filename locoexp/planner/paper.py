@@ -1,11 +1,13 @@
-"""The paper's grids as the plan reads them: which experiment files are the paper's, the cell a
-job of one stands for, the category of its plan's verdict, and what the paper itself did where a
-cell did not fit at first (the sentence a refusal of that cell adds, `planner.fit.check_fit`).
+"""The paper's grids as the plan reads them: which experiment files are the paper's, the category
+of a cell's plan verdict, and what the paper itself did where a cell did not fit at first (the
+sentence a refusal of that cell adds, `planner.fit.check_fit`).
 
 The cells themselves are the experiment files (experiments/experiment/), the one source: the
 dry run, tools/plan_paper_cells.py and tests/test_paper_experiments.py expand their sweeps
-(`locoexp.compose.sweep_jobs`). The paper's own workarounds are kept here because no setting
-of locoexp reproduces them exactly (Table H1's 405B cells: a compiler flag, q/k/v remat).
+(`locoexp.compose.sweep_jobs`; a job's cell name is `locoexp.compose.cell_of`, jax-free so that
+`python -m locoexp.analysis predict` can name cells). The paper's own workarounds are kept here
+because no setting of locoexp reproduces them exactly (Table H1's 405B cells: a compiler flag,
+q/k/v remat).
 """
 
 # The experiment files of the paper's grids (Tables 3, F1, H1, H2, E1-E3, I1, I5 (its frozen
@@ -330,13 +332,6 @@ PAPER = [
     ("maxtext_gemma4_recipe", "co_optimized", "ran", "Table G1: CO 139.1 s/step (2.14x)"),
     ("maxtext_gemma4_recipe", "da_50", "ran", "Table G1: DA 32 + 32, 269.2 s/step (1.10x)"),
 ]
-# Overrides that repeat a cell (launches, seeds) or select the file, not part of its name.
-REPEATS = ("launch=", "seed=", "+experiment=", "dry_run=")
-
-
-def cell_of(job: list[str]) -> str:
-    """A job's cell: its overrides' values, repeats (launch, seed) left out."""
-    return " ".join(o.split("=", 1)[1] for o in job if not o.startswith(REPEATS))
 
 
 def verdict_category(verdict: str) -> str:
