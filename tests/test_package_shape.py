@@ -171,11 +171,11 @@ LAYERS = [
     {"errors"},
     {"layout", "hardware", "network"},  # leaves: who runs where, the chips, a probe
     {"model", "tokenizer", "reward", "algo", "adapter", "dataset", "metrics", "checkpoint"},
-    {"analysis"},  # reads the records a run leaves
     {"trainer", "rollout"},  # the two halves' machinery
     {"planner"},
     {"placement"},
     {"applies", "config", "compose"},  # the root config: which keys apply, the schema, Hydra
+    {"analysis"},  # reads the records a run leaves, and the cells of composed experiments
     {"session"},
     {"compiled"},
     {"preflight"},
