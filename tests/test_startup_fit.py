@@ -82,7 +82,7 @@ def test_xla_fitting_a_run_the_plan_refuses_lets_build_spec_build_it(monkeypatch
     monkeypatch.setattr(startup, "_JUDGED", {})
     assert startup.check_memory(config).fits
     assert startup.judged(config) is config
-    build_spec(config)  # follows XLA
+    build_spec(config, xla=startup.judged(config))  # follows XLA, as main and preflight ask
 
 
 def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypatch):
