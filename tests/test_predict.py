@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from locoexp.analysis import anchors, constants, predict, step, table3
+from locoexp.analysis import anchors, constants, predict, step, table3, table_h1
 from locoexp.analysis.__main__ import main
 from locoexp.compose import compose_config, compose_configs
 
@@ -194,7 +194,25 @@ def test_decode_iterations_and_cache_reads_of_a_hand_sized_step():
 def test_predict_imports_no_jax():
     # STYLE: analysis never imports jax; predict reads compiled figures from the cache
     code = (
-        "import sys; from locoexp.analysis import predict_cli, step, table3, anchors; "
+        "import sys; from locoexp.analysis import predict_cli, step, table3, anchors, "
+        "table_h1; "
         "assert 'jax' not in sys.modules, 'jax imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_table_h1_fastest_tp_held_out_on_8_of_10_models():
+    # Eq. 2 per cell from each model's compiled iteration at that TP; C_TP(t) grows with the
+    # t - 1 steps of a collective from App. C's TP2 cost; nothing fitted on Table H1
+    rows = table_h1.table_h1_rows(CACHE)
+    assert all("step_s" in r for r in rows)  # every cell's iteration is in the cache
+    verdicts = table_h1.fastest_tp(rows)
+    assert len(verdicts) == 10 and all(v["status"] == "held out" for v in verdicts)
+    assert sum(v["verdict"] == "right" for v in verdicts) >= 8
+    cells = {(r["model"], r["tp"]): r for r in rows}
+    # 405B: 16 rows per replica at TP16, 32 at TP32, both 8 waves; the others m = 4 TP, 2 waves
+    assert (cells["llama3_1_405b", 16]["m"], cells["llama3_1_405b", 16]["waves"]) == (16, 8)
+    assert (cells["llama3_1_405b", 32]["m"], cells["llama3_1_405b", 32]["waves"]) == (32, 8)
+    assert (cells["qwen3_8b", 4]["m"], cells["qwen3_8b", 4]["waves"]) == (16, 2)
+    # above 8 KV heads the compiled k/v projections are replicated: TP16 holds more than TP8
+    assert figures("qwen3_0_6b", 16).weight_bytes > figures("qwen3_0_6b", 8).weight_bytes
