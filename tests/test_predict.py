@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from run_dirs import write_run
 
 from locoexp.analysis import (
     anchors,
     constants,
     predict,
+    recommend,
+    runs,
     step,
     table3,
     table_f1,
@@ -247,3 +251,32 @@ def test_table_f1_winners_and_app_c_terms():
 
 
 F1_HELD_OUT_RIGHT = 6  # of 13: the target (80%) is missed, the LOG says which terms
+
+
+def co_run_at_app_c_128_chips(tmp_path):
+    # GSM8K 128 chips co as App. C trade-off 4 gives it: a 1.73 s step, O = D_T + d_pub = 0.32 s
+    phases = dict(admission=0.03, generation=1.2, reward=0.18, pack=0.05, train=0.25,
+                  publish=0.02, log=0.0, step=1.73)  # fmt: skip
+    run_dir = write_run(tmp_path / "co", [1.73] * 40, hosts=32, phases=phases)
+    overrides = ["+experiment=co_vs_da", "+workload=gsm8k", "+co_da_cell=c128_co"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    return runs.read(run_dir)
+
+
+def test_recommend_scales_rollout_by_the_model_and_names_f1s_split(tmp_path):
+    co = co_run_at_app_c_128_chips(tmp_path)
+    splits = (0.5, 0.25, 0.125)  # Table F1's
+    lambda_co, predictions = recommend.predict_splits([co], dl=0.49, tau=0.03, splits=splits)
+    assert [p.split for p in predictions] == [0.125, 0.25, 0.5]
+    by_split = {p.split: p for p in predictions}
+    assert lambda_co == pytest.approx(1.73)
+    assert all(p.basis.startswith("D_R model") for p in predictions)
+    # the model's rollout barely grows from 32 to 24 hosts (one wave to the cap per replica),
+    # where linear scaling would add a third
+    assert by_split[0.25].terms.dr_hr < 1.2 * by_split[0.25].terms.dr_h
+    best = min(predictions, key=lambda p: p.predicted_s)
+    assert best.predicted_s < lambda_co
+    assert best.split == RECOMMENDED_AT_128  # Table F1: da 25% at 128 chips (see the LOG)
+
+
+RECOMMENDED_AT_128 = 0.25
