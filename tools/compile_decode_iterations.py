@@ -19,6 +19,9 @@ XLA-TPU's compiled program and extrapolated to the model's depth on the line thr
   cache; bytes accessed counts every operand and output of every op in any memory space (VMEM
   copies of the weights count twice, the embedding gather counts the whole table), so it is
   kept as a compiler figure beside Q_w, not used as Eq. 2's bytes term;
+- `xla_flops_per_cached_token`: XLA-TPU's FLOPs per cached token of one row (the difference
+  between the two cache lengths: attention over the cache), which training and prefill add per
+  token of context (locoexp/analysis/step.py);
 - `collectives`: the collective ops in the compiled program (all-reduce, all-gather,
   reduce-scatter, all-to-all, collective-permute; an async pair counts once).
 
@@ -29,6 +32,7 @@ solutions after the chat-formatted prompts, Qwen3 tokens, capped at the caps).
 """
 
 import argparse
+import dataclasses
 import json
 import re
 import time
@@ -61,8 +65,21 @@ def run_config(model, hardware, tp: int, dtype: str, layers: int, new_tokens: in
     )
 
 
+_COMPILED: dict[str, dict] = {}
+
+
 def compile_iteration(config, rows: int) -> dict:
-    """XLA-TPU's figures of one decode iteration of `rows` rows on one replica of TP devices."""
+    """XLA-TPU's figures of one decode iteration of `rows` rows on one replica of TP devices,
+    compiled once per process for a given cut: models that differ only in name and depth (the
+    synthetic ~100B and ~200B and Llama-3.1-405B, Table H1) share their cuts' programs."""
+    key = repr((dataclasses.replace(config.model, name=""), config.hardware, config.rollout, rows,
+                config.dataset.max_new_tokens))  # fmt: skip
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile_iteration(config, rows)
+    return _COMPILED[key]
+
+
+def _compile_iteration(config, rows: int) -> dict:
     from locoexp.compiled import topology  # noqa: PLC0415  (jax after the backend is chosen)
     from locoexp.compiled.programs import abstract_model, lower_decode_iteration  # noqa: PLC0415
     from locoexp.rollout import scheduling  # noqa: PLC0415
@@ -109,8 +126,11 @@ def figures(model: str, hardware: str, tp: int, rows: int, dtype: str, cuts, ext
     high = compile_iteration(run_config(model, hardware, tp, dtype, b, 16, extra), rows)
     longer = compile_iteration(run_config(model, hardware, tp, dtype, b, 144, extra), rows)
     # the cache's bytes per cached token of one row at `b` layers, per layer, at full depth
-    per_token = (longer["argument"] - high["argument"]) / (rows * (longer["slots"] - high["slots"]))
+    slots = rows * (longer["slots"] - high["slots"])
+    per_token = (longer["argument"] - high["argument"]) / slots
     kv_per_token = per_token / b * depth
+    # XLA's FLOPs per cached token of one row (attention's QK and PV over the dense cache)
+    attention_flops = (longer["flops"] - high["flops"]) / slots / b * depth
     argument = at_depth(low, high, cuts, depth, "argument")
     return {
         "model": model,
@@ -125,6 +145,7 @@ def figures(model: str, hardware: str, tp: int, rows: int, dtype: str, cuts, ext
         "kv_bytes_per_token": kv_per_token,
         "xla_bytes_accessed": at_depth(low, high, cuts, depth, "bytes_accessed"),
         "xla_flops": at_depth(low, high, cuts, depth, "flops"),
+        "xla_flops_per_cached_token": attention_flops,
         "collectives": round(at_depth(low, high, cuts, depth, "collectives")),
         "short_cache_slots": high["slots"],
         "compile_s": low["seconds"] + high["seconds"] + longer["seconds"],

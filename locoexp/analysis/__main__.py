@@ -6,7 +6,7 @@
     accounting --o 0.32 --a 0.58 --f 0.23 --dl 0.49 --tau 0.03   Eq. 4 from given terms
     accounting --eq2 ... / --eq3 ... / --decode-premium ...      trade-offs 1-3
     accounting --ratio-model --t-pw ... --t-loco ...             Appendix E.1
-    accounting --recommend --co RUN [RUN ...] [--da RUN ...]     Eq. 4's da period predicted
+    accounting --recommend --co RUN [--da RUN ...] [--splits 0.5 ...]    da per split, modelled
     cost RUN [RUN ...] [--against RUN ...] [--target 0.85]       Appendix I, Tables I2 and I6
     figures RUN_OR_SWEEP [...] --out DIR [--only fig4 ...]       the paper's figures as PNG
     predict EXPERIMENT | RUN | OVERRIDES [--anchors]             Eq. 2 from compiled programs

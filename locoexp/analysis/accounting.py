@@ -107,6 +107,13 @@ class Eq4Terms:
         )
         return branches - self.a + self.tau
 
+    @property
+    def lambda_da_rollout_absorbs(self) -> float:
+        """Eq. 4 with A taken off the rollout branch only: max{D_R(H_r) + d_L - A, D_T(H_t) +
+        d_pub} + tau. Equal to lambda_da where rollout is the longer branch by at least A (App.
+        C's premise); where training is longer, the rollout hosts' wait hides nothing."""
+        return max(self.dr_hr + self.dl - self.a, self.dt_ht + self.dpub) + self.tau
+
 
 def eq4_verdict(*, o: float, a: float, f: float, dl: float, tau: float) -> dict:
     """Trade-off 4: with rollout the longer branch, disaggregation pays iff O + A > F + dL + tau.

@@ -121,6 +121,7 @@ def add_accounting(commands) -> None:
     p.add_argument("--t-pw", nargs="+", type=float, default=[])
     p.add_argument("--t-loco", nargs="+", type=float, default=[])
     p.add_argument("--recommend", action="store_true", help="predict da at every split from co")
+    p.add_argument("--splits", nargs="+", type=float, default=[], help="--recommend's shares")
     _common(p)
     p.set_defaults(run=run_accounting, format=format_accounting)
 
@@ -148,8 +149,9 @@ def run_accounting(args) -> dict:
     if args.recommend:
         co, da = find_runs(args.co), find_runs(args.da) if args.da else []
         lambda_co, predictions = recommend.predict_splits(
-            co, da, dl=args.dl, tau=args.tau or 0.0, steady=args.steady
-        )
+            co, da, dl=args.dl, tau=args.tau or 0.0, steady=args.steady,
+            splits=args.splits or (),
+        )  # fmt: skip
         result["recommend"] = {
             "lambda_co": lambda_co,
             "predictions": [

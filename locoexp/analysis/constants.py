@@ -114,23 +114,38 @@ ADMISSION_S_PER_REQUEST = Constant(
 
 # The step model's unknowns (locoexp/analysis/step.py), fitted together by
 # `table3.fit_step_constants` (least squares of log(predicted / paper)) on six of Table 3's
-# LoCoJAX base cells: each workload's smallest and largest slice (table3.FIT_SET). phi is a
-# workload's mean completion over its response cap (the paper gives no lengths); host_s the
-# per-step time outside the device programs. MFU is not identifiable from those cells (training
-# is at most 3% of any fitted step): it is stated, not fitted, and refitting the others at 0.5
-# instead moves no Table 3 cell by more than 1%.
+# LoCoJAX base cells (each workload's smallest and largest slice, table3.FIT_SET) and one of
+# Table F1's da splits (table_f1.FIT_CELL: SWE 128 chips, 4 of 32 hosts training, 40.6 s; its
+# trainer branch is F1's longest). phi is a workload's mean completion over its response cap
+# (the paper gives no lengths); host_s the per-step time outside the device programs; MFU the
+# trainer's (and prefill's) share of peak bf16 FLOP/s, over XLA's FLOPs of a token's forward
+# plus attention over its context. Table 3 alone cannot pin MFU (the first fit stated 0.3:
+# refit at 0.5, no fitted step moved 1%); F1's trainer-bound split can. GSM8K's phi runs to
+# 0.028 (57 tokens of 2,048): with the per-request host time and every replica's decode at
+# the cap, the fit has little left for GSM8K's completions (LOG, session 28, w41more).
 _TABLE_3_FIT = (
     "Table 3 LoCoJAX base: GSM8K 8 and 64 chips (5.56, 2.69 s), NuminaMath 8 and 64 (154.7, "
     "28.4 s), SWE 16 and 64 (64.2, 19.2 s)",
+    "Table F1 SWE 128 chips, da 12.5% (4/28 hosts): 40.6 s",
+    "App. C fragmentation at GSM8K 8 chips: F = 2.9 s",
 )
 MFU = Constant(
-    value=0.3,
+    value=0.2623,
     unit="fraction of peak bf16 FLOP/s (prefill and training)",
-    source="assumed (not identifiable from Table 3, see above)",
+    source="fit: table3.fit_step_constants (with Table F1's FIT_CELL)",
+    fit_set=_TABLE_3_FIT,
 )
 HOST_S = Constant(
-    value=0.932, unit="s per step", source="fit: table3.fit_step_constants", fit_set=_TABLE_3_FIT
+    value=0.878, unit="s per step", source="fit: table3.fit_step_constants", fit_set=_TABLE_3_FIT
 )
+# A rollout host's own per-request work outside the device programs (reward, detokenising,
+# packing; Eq. 3's alpha1 n form, beside admission's alpha1), s per request it holds. Fitted
+# with the others; its figure is App. C's fragmentation at GSM8K 8 chips, F = D_R(1 host) -
+# D_R(2 hosts) = 2.9 s, which the device programs alone put at under 1 s.
+REQUEST_S = Constant(
+    value=0.00229, unit="s per request on its rollout host",
+    source="fit: table3.fit_step_constants", fit_set=_TABLE_3_FIT,
+)  # fmt: skip
 PHI = {
     workload: Constant(
         value=value,
@@ -138,10 +153,36 @@ PHI = {
         source="fit: table3.fit_step_constants",
         fit_set=_TABLE_3_FIT,
     )
-    for workload, value in (("gsm8k", 0.292), ("numinamath_cot", 0.655), ("swe_agent", 0.663))
+    for workload, value in (("gsm8k", 0.0277), ("numinamath_cot", 0.633), ("swe_agent", 0.206))
 }
 CALIBRATED |= {
     "admission_s_per_request": ADMISSION_S_PER_REQUEST,
     "host_s": HOST_S,
+    "mfu": MFU,
+    "request_s": REQUEST_S,
     **{f"phi {w}": c for w, c in PHI.items()},
 }
+
+# Eq. 4's d_L and tau (App. C trade-off 4, GSM8K 128 chips: "dL a prior and tau a residual"),
+# taken as stated for every Table F1 cell (all Qwen3-0.6B).
+D_L_S = Constant(
+    value=0.49, unit="s per step (rollout weight load under da)",
+    source="paper App. C trade-off 4: d_L = 0.49 s (a prior), GSM8K 128 chips",
+)  # fmt: skip
+TAU_S = Constant(
+    value=0.03, unit="s per step (residual Ray overhead under da)",
+    source="paper App. C trade-off 4: tau = 0.03 s (a residual), GSM8K 128 chips",
+)  # fmt: skip
+# Eq. 4's A from a host-level straggler (table_f1.straggler_a): each rollout host's finish
+# jitters by a normal spread of STRAGGLER_S seconds, the slowest of N leading the mean by
+# STRAGGLER_S x E[max of N standard normals] (1.766 at N = 16). Fitted on one figure: Section
+# 4.4's slowest rollout host 38% of the step behind the average at GSM8K 64 chips (16 hosts;
+# co step 2.02 s, Table F1): 0.38 x 2.02 / 1.766. Its 55% at 128 chips and App. C's A = 0.58 s
+# are held out.
+STRAGGLER_S = Constant(
+    value=0.38 * 2.02 / 1.7659913931,
+    unit="s (normal spread of a rollout host's finish)",
+    source="fit: Section 4.4's straggler share at GSM8K 64 chips / E[max of 16 normals]",
+    fit_set=("Section 4.4: the slowest rollout host 38% of the step, GSM8K 64 chips",),
+)
+CALIBRATED["straggler_s"] = STRAGGLER_S

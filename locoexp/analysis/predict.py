@@ -42,6 +42,8 @@ class DecodeFigures:
     xla_bytes_accessed: float
     xla_flops: float
     collectives: int
+    # XLA's FLOPs per cached token of one row (attention over the cache); 0 where not compiled
+    xla_flops_per_cached_token: float = 0.0
 
 
 def read_decode_figures(path: Path = DECODE_CACHE) -> list[DecodeFigures]:

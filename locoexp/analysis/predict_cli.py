@@ -5,7 +5,8 @@
     predict stack_comparison                       every cell of an experiment file
     predict RUN_DIR                                one run (its .hydra/overrides.yaml)
     predict model=qwen3_4b rollout.tensor_parallel=2 hardware=tpu_v7x_64 ...   one config
-    predict --anchors                              Figure 7b, App. C's weight times and TP verdicts
+    predict --anchors                              Figure 7b, App. C's weight times and TP verdicts,
+                                                   Table 3, Table H1's fastest TP, Table F1 winners
 
 A cell whose model, TP and dtype have no compiled iteration in the cache is listed with the
 command that compiles it. Never imports jax.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from locoexp.analysis import anchors, predict, step, table3
+from locoexp.analysis import anchors, predict, step, table3, table_f1, table_h1
 from locoexp.compose import cell_of, compose_configs, sweep_jobs
 from locoexp.errors import ConfigError
 
@@ -70,6 +71,10 @@ def run_predict(args: argparse.Namespace) -> dict:
         cells = table3.cells()
         configs = compose_configs([table3.job(*c) for c in cells])
         out["anchors"]["table_3"] = table3.table3_rows(cells, table3.shapes(cells, configs, cache))
+        h1 = table_h1.table_h1_rows(cache)
+        out["anchors"]["table_h1"] = h1
+        out["anchors"]["table_h1_fastest_tp"] = table_h1.fastest_tp(h1)
+        out["anchors"]["table_f1"] = table_f1.table_f1_rows(cache)
     if not jobs and not args.anchors:
         raise ConfigError(
             "predict needs a target (experiment, run directory, overrides) or --anchors."

@@ -9,10 +9,14 @@ Eq. 4's lambda_co = D_R(H) + D_T(H) + d_pub, with Eq. 3's admission in front.
   then take the replica's remaining requests, each adding c / slots iterations. c = phi x cap,
   phi the workload's mean completion share: the policy's lengths are not in the paper, so phi
   is a calibrated constant per workload (constants.PHI).
-- prefill and D_T: the compiled iteration's FLOPs per row are one token's forward (XLA);
-  prefill is that per prompt token, training TRAIN_PASSES of it per trained token (forward,
-  backward twice the forward, and the block remat's second forward), both over the core's peak
-  times one MFU (constants.MFU).
+- prefill and D_T: the compiled iteration's FLOPs per row are one token's forward (XLA), and
+  the difference between its two compiled cache lengths gives attention's FLOPs per cached
+  token; a token at context i costs the forward plus i of those. Prefill is that per prompt
+  token, training TRAIN_PASSES of it per trained token (forward, backward twice the forward,
+  and the block remat's second forward), both over the core's peak times one MFU
+  (constants.MFU, fitted with Table F1's trainer-bound split).
+- requests: each rollout host's own per-request work (reward, detokenising, packing; Eq. 3's
+  alpha1 n form), constants.REQUEST_S per request it holds.
 - d_pub: the engine's weights gathered over ICI into each core (chip table).
 - host: one per-step constant (constants.HOST_S) for what runs outside the device programs
   (reward, packing, logging, vLLM's weight load d_L, the host side of publication): the
@@ -31,6 +35,7 @@ from locoexp.analysis.constants import (
     HOST_S,
     MFU,
     PHI,
+    REQUEST_S,
 )
 from locoexp.analysis.predict import CellShape, DecodeFigures, engine_replicas, predict_iteration
 
@@ -47,20 +52,23 @@ class StepShape:
     requests_per_replica: int
     continuous: bool
     requests: int
-    hosts: int
+    hosts: int  # the hosts that admit requests (rollout hosts; co: every host)
     cores: int  # trainer devices (co: every device of the slice)
+    replicas_per_host: int = 0  # engine replicas a rollout host runs (table_f1.da_shape)
+    max_rows: int = 0  # the most rows a replica holds at a time (0: no cap)
 
 
 def step_shape(engine: CellShape, config) -> StepShape:
     d, r, layout = config.dataset, config.rollout, config.layout
-    replicas, _ = engine_replicas(config)
+    replicas, most = engine_replicas(config)
     requests = d.prompts_per_step * d.samples_per_prompt
     return StepShape(
         engine=engine, workload=d.kind.value, max_new_tokens=d.max_new_tokens,
         requests_per_replica=math.ceil(requests / replicas),
         continuous=r.engine.value == "vllm" or r.scheduler.value == "continuous",
-        requests=requests, hosts=layout.hosts,
+        requests=requests, hosts=layout.rollout_hosts,
         cores=layout.trainer_hosts * layout.devices_per_host,
+        replicas_per_host=replicas // layout.rollout_hosts, max_rows=most,
     )  # fmt: skip
 
 
@@ -74,7 +82,13 @@ def decode_iterations(shape: StepShape, completion: float) -> float:
 
 
 def predict_step(
-    shape: StepShape, figures: DecodeFigures, *, phi: float, mfu: float, host_s: float
+    shape: StepShape,
+    figures: DecodeFigures,
+    *,
+    phi: float,
+    mfu: float,
+    host_s: float,
+    request_s: float,
 ) -> dict:
     """Each phase's seconds and the step (Eq. 4's lambda_co plus Eq. 3's admission), unrounded
     (the fit differentiates it)."""
@@ -88,20 +102,29 @@ def predict_step(
     chip = CHIPS["tpu_v7x"]
     rate = chip.per_core(chip.peak_bf16_flops) * mfu
     token_flops = figures.xla_flops / figures.rows * e.tp  # one token's forward, whole model
-    prefill_s = shape.requests_per_replica * e.prompt_tokens * token_flops / e.tp / rate
-    trained = shape.requests * (e.prompt_tokens + completion) / shape.cores
+    # attention: a token at context i reads i cached tokens (XLA's FLOPs per cached token)
+    attention = figures.xla_flops_per_cached_token * e.tp
+    p, row = e.prompt_tokens, e.prompt_tokens + completion
+    prefill_flops = p * token_flops + attention * p * p / 2
+    trained_flops = shape.requests * (row * token_flops + attention * row * row / 2)
     phases = {
         "admission": ADMISSION_S_PER_REQUEST.value * shape.requests / shape.hosts,  # Eq. 3
-        "prefill": prefill_s,
+        "requests": request_s * shape.requests / shape.hosts,  # Eq. 3's alpha1 n, host side
+        "prefill": shape.requests_per_replica * prefill_flops / e.tp / rate,
         "decode": iterations * fixed_ms / 1e3 + kv_s,
-        "train": TRAIN_PASSES * token_flops * trained / rate,
+        "train": TRAIN_PASSES * trained_flops / shape.cores / rate,
         "publish": figures.weight_bytes * e.tp / chip.per_core(chip.ici_bytes_per_s / 2),
         "host": host_s,
     }
     return {"iterations": iterations, **phases, "step": sum(phases.values())}
 
 
+def calibrated(workload: str) -> dict[str, float]:
+    """predict_step's constants as calibrated in constants.py."""
+    return dict(phi=PHI[workload].value, mfu=MFU.value, host_s=HOST_S.value,
+                request_s=REQUEST_S.value)  # fmt: skip
+
+
 def predict_cell_step(shape: StepShape, figures: DecodeFigures) -> dict:
     """`predict_step` with the calibrated constants of constants.py."""
-    phi = PHI[shape.workload].value
-    return predict_step(shape, figures, phi=phi, mfu=MFU.value, host_s=HOST_S.value)
+    return predict_step(shape, figures, **calibrated(shape.workload))

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from scipy import optimize
 
-from locoexp.analysis import predict, step
+from locoexp.analysis import predict, step, table_f1
 from locoexp.analysis.constants import HOST_S, MFU, PHI, Constant
 
 # Table 3, LoCoJAX base and optimized (s); SWE at 8 chips did not fit.
@@ -66,22 +66,32 @@ def shapes(cells, configs, cache) -> list[tuple[step.StepShape, predict.DecodeFi
     return out
 
 
-def fit_step_constants(fit_shapes, *, mfu: float = MFU.value) -> dict[str, float]:
-    """phi per workload and the host seconds minimising the squared log errors of FIT_SET, at
-    the stated MFU (Table 3 does not pin it: free, the fit runs it to any bound it is given,
-    training being a few percent of every fitted step)."""
+def fit_step_constants(fit_shapes, f1_shapes=None, *, mfu: float | None = None) -> dict:
+    """phi per workload, the host seconds, the per-request host seconds and the MFU minimising
+    the squared log errors of FIT_SET and, from `f1_shapes` (table_f1.FIT_CELLS' co shapes:
+    (shape, figures) each), Table F1's trainer-bound split and App. C's F at GSM8K 8 chips.
+    With `mfu` given (and no F1 shapes) the first fit's four: phi and the host seconds."""
 
     def residuals(x):
-        phi, host = dict(zip(WORKLOADS, x[:3], strict=True)), x[3]
+        at = dict(zip(UNKNOWNS, x, strict=False)) | ({} if mfu is None else {"mfu": mfu})
+        at.setdefault("request_s", 0.0)
         out = []
         for (workload, chips, arm), (shape, figures) in zip(FIT_SET, fit_shapes, strict=True):
-            got = step.predict_step(shape, figures, phi=phi[workload], mfu=mfu, host_s=host)
+            got = step.predict_step(shape, figures, phi=at[workload], mfu=at["mfu"],
+                                    host_s=at["host_s"], request_s=at["request_s"])  # fmt: skip
             out.append(math.log(got["step"] / paper_step(workload, chips, arm)))
+        if f1_shapes is not None:
+            out += table_f1.fit_residuals(f1_shapes, at)
         return out
 
-    bounds = ([0.01] * 3 + [0.0], [1.0] * 3 + [10.0])
-    x = optimize.least_squares(residuals, np.array([0.3, 0.3, 0.3, 0.5]), bounds=bounds).x
-    return {**dict(zip(WORKLOADS, x[:3], strict=True)), "host_s": x[3]}
+    free = 4 if mfu is not None else len(UNKNOWNS)
+    low, high = [0.01] * 3 + [0.0, 0.02, 0.0], [1.0] * 3 + [10.0, 1.0, 0.1]
+    start = np.array([0.3, 0.3, 0.3, 0.5, 0.3, 0.001][:free])
+    x = optimize.least_squares(residuals, start, bounds=(low[:free], high[:free])).x
+    return dict(zip(UNKNOWNS, x, strict=False))
+
+
+UNKNOWNS = (*WORKLOADS, "host_s", "mfu", "request_s")
 
 
 def fitted_constants() -> dict[str, Constant]:
