@@ -5,6 +5,7 @@ against their targets. Nothing here compiles but the tiny model's test at the en
 
 import dataclasses
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -280,3 +281,21 @@ def test_recommend_scales_rollout_by_the_model_and_names_f1s_split(tmp_path):
 
 
 RECOMMENDED_AT_128 = 0.25
+
+
+def test_a_cell_xla_tpu_refused_is_predicted_beside_its_verdict(tmp_path):
+    """A step predicted for a cell no slice can hold says so: Table 3's SWE at 8 chips, which the
+    paper could not run (157.6 GiB), is XLA-TPU's refusal in the compiled cells' cache; of two
+    entries of one cell the one read with XLA-TPU's peak wins over an older one."""
+    verdicts = predict.read_fit_verdicts()
+    assert verdicts[("stack_comparison", "swe_agent tpu_v7x_8 co_base")].startswith("does not fit")
+    assert verdicts[("stack_comparison", "swe_agent tpu_v7x_16 co_base")].startswith("fits")
+    peak = {"footprint": "xla-tpu peak", "xla": [71.5, 90.0], "xla_refusal": None, "fits": True}
+    old = {"xla": [103.0, 90.0], "xla_refusal": None, "fits": False}
+    lines = [{"experiment": "e", "cell": "c", "figures": f} for f in (peak, old)]
+    lines.append({"experiment": "e", "cell": "d", "figures": {"refused": "XLA aborted; hint"}})
+    cache = tmp_path / "cells.jsonl"
+    cache.write_text("\n".join(json.dumps(line) for line in lines))
+    got = predict.read_fit_verdicts(cache)
+    assert got[("e", "c")] == "fits: trainer 71.5 GiB (XLA-TPU)"
+    assert got[("e", "d")] == "not compiled (XLA aborted)"

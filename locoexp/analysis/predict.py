@@ -26,6 +26,33 @@ ROOT = Path(__file__).resolve().parents[2]
 DECODE_CACHE = ROOT / "experiments" / "compiled" / "decode_iterations.jsonl"
 LENGTH_CACHE = ROOT / "experiments" / "compiled" / "length_mix.jsonl"
 TOOL = "tools/compile_decode_iterations.py"
+# XLA-TPU's fit verdicts of the paper's cells at the paper's layout (tools/compile_paper_cells.py)
+CELL_CACHE = ROOT / "experiments" / "compiled" / "paper_cells.jsonl"
+
+
+def read_fit_verdicts(path: Path = CELL_CACHE) -> dict[tuple[str, str], str]:
+    """(experiment, cell) -> XLA-TPU's verdict of the cell's trainer at the paper's layout, a
+    compiler figure: a step predicted for a cell that does not fit is a step no slice runs
+    (Table 3's SWE at 8 chips). The newest entry of a cell wins, and one read with XLA-TPU's
+    peak (the footprint since session 26) over an older one."""
+    verdicts: dict[tuple[str, str], tuple[bool, str]] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        entry = json.loads(line)
+        figures, key = entry["figures"], (entry["experiment"], entry["cell"])
+        peak = figures.get("footprint") == "xla-tpu peak"
+        if key in verdicts and verdicts[key][0] and not peak:
+            continue
+        verdicts[key] = (peak, _verdict(figures))
+    return {key: text for key, (_, text) in verdicts.items()}
+
+
+def _verdict(figures: dict) -> str:
+    if "refused" in figures:
+        return "not compiled (" + figures["refused"].split(";")[0] + ")"
+    trainer = figures["xla"][0]
+    if figures["xla_refusal"] is not None:
+        return f"does not fit: XLA-TPU refused the trainer at {trainer:.1f} GiB"
+    return f"{'fits' if figures['fits'] else 'does not fit'}: trainer {trainer:.1f} GiB (XLA-TPU)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -56,14 +56,18 @@ def jobs_of(targets: list[str]) -> list[list[str]]:
 
 def run_predict(args: argparse.Namespace) -> dict:
     cache, lengths = predict.read_decode_figures(), predict.read_length_mix()
-    jobs = jobs_of(args.targets)
+    jobs, verdicts = jobs_of(args.targets), predict.read_fit_verdicts()
+    experiment = args.targets[0] if len(args.targets) == 1 else ""
     rows = []
     for job, config in zip(jobs, compose_configs(jobs) if jobs else [], strict=True):
         cell = cell_of(job) or " ".join(job)
         try:
-            rows.append(cell_row(cell, config, cache, lengths))
+            row = cell_row(cell, config, cache, lengths)
         except ConfigError as refusal:
-            rows.append({"cell": cell, "not predicted": str(refusal)})
+            row = {"cell": cell, "not predicted": str(refusal)}
+        # tools/compile_paper_cells.py's verdict (every row at the caps); blank where not compiled
+        fit = verdicts.get((experiment, cell), "")
+        rows.append(row | {"fit, paper's layout at the caps": fit})
     out: dict = {"cells": rows}
     if args.anchors:
         (config,) = compose_configs([anchors.FIGURE_7B[1]])
