@@ -299,3 +299,17 @@ def test_a_cell_xla_tpu_refused_is_predicted_beside_its_verdict(tmp_path):
     got = predict.read_fit_verdicts(cache)
     assert got[("e", "c")] == "fits: trainer 71.5 GiB (XLA-TPU)"
     assert got[("e", "d")] == "not compiled (XLA aborted)"
+
+
+def test_a_cell_above_tp2_pays_c_tp_over_t_minus_1_steps_in_predict_and_table_h1_alike():
+    """C_TP(t) = collectives x App. C's per-collective cost x (t - 1) wherever Eq. 2 is read:
+    a TP4 cell predicted alone and the same cell of Table H1 give one decode iteration."""
+    cache = predict.read_decode_figures()
+    figures = predict.decode_figures(cache, model="qwen3_8b", tp=4, dtype="bfloat16")
+    eq2 = predict.predict_iteration(figures, rows=8, cached_tokens=100.0)
+    assert eq2.tp_ms == pytest.approx(figures.collectives * constants.ALPHA_COLLECTIVE_MS.value * 3)
+    cell = table_h1.predict_cell(figures, "qwen3_8b", constants.ALPHA_COLLECTIVE_MS.value)
+    m, _ = table_h1.rows_and_waves("qwen3_8b", 4)
+    cached = table_h1.PROMPT + (table_h1.FORCED - 1) / 2
+    same = predict.predict_iteration(figures, rows=m, cached_tokens=cached)
+    assert cell["d_iter_ms"] == pytest.approx(same.total_ms)

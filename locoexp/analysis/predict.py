@@ -6,7 +6,7 @@ compiled decode program (issue 41).
 Q_w / t is the weight bytes a device of the cell's rollout TP holds in XLA-TPU's compiled
 decode iteration, Q_KV the cache bytes its rows read (XLA-TPU's bytes per cached token times
 the rows times the tokens in cache), C_TP(t) the compiled program's collectives times one
-latency; kappa and that latency are the calibrated constants of `constants.py`, beta_eff App.
+latency times t - 1 (a collective's steps over t devices); kappa and that latency are the calibrated constants of `constants.py`, beta_eff App.
 C's measured rate. The compiled figures come from tools/compile_decode_iterations.py's cache
 (experiments/compiled/decode_iterations.jsonl): this module never imports jax and compiles
 nothing. Compute is left out as Eq. 2 leaves it out (App. C: 0.02-0.24 ms at peak) and reported
@@ -114,9 +114,15 @@ class IterationPrediction:
 
 
 def predict_iteration(
-    figures: DecodeFigures, *, rows: int, cached_tokens: float
+    figures: DecodeFigures,
+    *,
+    rows: int,
+    cached_tokens: float,
+    hop_ms: float = ALPHA_COLLECTIVE_MS.value,
 ) -> IterationPrediction:
-    """Eq. 2 for `rows` rows per replica holding `cached_tokens` tokens each on average."""
+    """Eq. 2 for `rows` rows per replica holding `cached_tokens` tokens each on average. C_TP(t)
+    is the compiled program's collectives x `hop_ms` x (t - 1), the steps of a collective over
+    t devices: App. C's per-collective cost fitted at TP2 (one step), grown with t."""
     beta = BETA_EFF.value
     per_row_flops = figures.xla_flops / figures.rows
     peak = CHIPS["tpu_v7x"].per_core(CHIPS["tpu_v7x"].peak_bf16_flops)
@@ -124,7 +130,7 @@ def predict_iteration(
         kappa_ms=KAPPA_MS.value,
         weight_ms=1e3 * figures.weight_bytes / beta,
         kv_ms=1e3 * rows * cached_tokens * figures.kv_bytes_per_token / beta,
-        tp_ms=figures.collectives * ALPHA_COLLECTIVE_MS.value,
+        tp_ms=figures.collectives * hop_ms * (figures.tp - 1),
         compute_ms=1e3 * per_row_flops * rows / peak,
         xla_bytes_ms=1e3 * figures.xla_bytes_accessed / beta,
     )

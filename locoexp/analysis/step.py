@@ -72,6 +72,26 @@ def step_shape(engine: CellShape, config) -> StepShape:
     )  # fmt: skip
 
 
+def row_flops(figures: DecodeFigures, tokens: float) -> float:
+    """One forward over a row of `tokens`, whole model: each token's forward (the compiled
+    iteration's FLOPs per row, times its TP) plus attention, a token at context i reading i
+    cached tokens (XLA's FLOPs per cached token)."""
+    token = figures.xla_flops / figures.rows * figures.tp
+    return tokens * token + figures.xla_flops_per_cached_token * figures.tp * tokens * tokens / 2
+
+
+def compute_s(flops: float, cores: int, mfu: float) -> float:
+    """Seconds for `flops` spread over `cores` v7x TensorCores at `mfu` of their bf16 peak."""
+    chip = CHIPS["tpu_v7x"]
+    return flops / cores / (chip.per_core(chip.peak_bf16_flops) * mfu)
+
+
+def publish_s(figures: DecodeFigures) -> float:
+    """The engine's weights (all TP shards) gathered over ICI into each core."""
+    chip = CHIPS["tpu_v7x"]
+    return figures.weight_bytes * figures.tp / chip.per_core(chip.ici_bytes_per_s / 2)
+
+
 def decode_iterations(shape: StepShape, completion: float) -> float:
     """Iterations of one replica: every wave to the cap, or (continuous) the cap plus the
     iterations the slots take for the requests beyond them."""
@@ -99,21 +119,16 @@ def predict_step(
     iterations = decode_iterations(shape, completion)
     row_reads = e.prompt_tokens * completion + completion * (completion - 1) / 2
     kv_s = shape.requests_per_replica * row_reads * figures.kv_bytes_per_token / BETA_EFF.value
-    chip = CHIPS["tpu_v7x"]
-    rate = chip.per_core(chip.peak_bf16_flops) * mfu
-    token_flops = figures.xla_flops / figures.rows * e.tp  # one token's forward, whole model
-    # attention: a token at context i reads i cached tokens (XLA's FLOPs per cached token)
-    attention = figures.xla_flops_per_cached_token * e.tp
-    p, row = e.prompt_tokens, e.prompt_tokens + completion
-    prefill_flops = p * token_flops + attention * p * p / 2
-    trained_flops = shape.requests * (row * token_flops + attention * row * row / 2)
+    trained = TRAIN_PASSES * shape.requests * row_flops(figures, e.prompt_tokens + completion)
     phases = {
         "admission": ADMISSION_S_PER_REQUEST.value * shape.requests / shape.hosts,  # Eq. 3
         "requests": request_s * shape.requests / shape.hosts,  # Eq. 3's alpha1 n, host side
-        "prefill": shape.requests_per_replica * prefill_flops / e.tp / rate,
+        "prefill": compute_s(
+            shape.requests_per_replica * row_flops(figures, e.prompt_tokens), e.tp, mfu
+        ),
         "decode": iterations * fixed_ms / 1e3 + kv_s,
-        "train": TRAIN_PASSES * trained_flops / shape.cores / rate,
-        "publish": figures.weight_bytes * e.tp / chip.per_core(chip.ici_bytes_per_s / 2),
+        "train": compute_s(trained, shape.cores, mfu),
+        "publish": publish_s(figures),
         "host": host_s,
     }
     return {"iterations": iterations, **phases, "step": sum(phases.values())}

@@ -24,9 +24,9 @@ no verdict; the step shown is the device programs' and the paper's non-host seco
 beside it. No per-model or per-cell factor. Never imports jax.
 """
 
-from locoexp.analysis.constants import ALPHA_COLLECTIVE_MS, BETA_EFF, CHIPS, KAPPA_MS, MFU
-from locoexp.analysis.predict import DecodeFigures, decode_figures
-from locoexp.analysis.step import TRAIN_PASSES
+from locoexp.analysis.constants import ALPHA_COLLECTIVE_MS, MFU
+from locoexp.analysis.predict import DecodeFigures, decode_figures, predict_iteration
+from locoexp.analysis.step import TRAIN_PASSES, compute_s, publish_s, row_flops
 from locoexp.errors import ConfigError
 
 COMPLETIONS, FORCED, PROMPT, IN_FLIGHT, CORES = 2048, 8192, 150, 1024, 256  # Sections 3.1, H
@@ -65,20 +65,12 @@ def predict_cell(figures: DecodeFigures, model: str, hop_ms: float) -> dict:
     the cost of one of a collective's t - 1 steps."""
     t = figures.tp
     m, waves = rows_and_waves(model, t)
-    beta, chip = BETA_EFF.value, CHIPS["tpu_v7x"]
     cached = PROMPT + (FORCED - 1) / 2  # a row's mean cache over its 8,192 iterations
-    c_tp = figures.collectives * hop_ms * (t - 1)
-    weight_ms, kv_ms = (
-        1e3 * figures.weight_bytes / beta,
-        1e3 * m * cached * figures.kv_bytes_per_token / beta,
-    )
-    d_iter = KAPPA_MS.value + weight_ms + kv_ms + c_tp  # Eq. 2
-    token_flops = figures.xla_flops / figures.rows * t  # one token's forward, whole model
-    row = PROMPT + FORCED  # a trained row; attention: a token at context i reads i tokens
-    row_flops = row * token_flops + figures.xla_flops_per_cached_token * t * row * row / 2
-    rate = chip.per_core(chip.peak_bf16_flops) * MFU.value
-    train = TRAIN_PASSES * COMPLETIONS * row_flops / CORES / rate
-    publish = figures.weight_bytes * t / chip.per_core(chip.ici_bytes_per_s / 2)
+    eq2 = predict_iteration(figures, rows=m, cached_tokens=cached, hop_ms=hop_ms)
+    d_iter, weight_ms, kv_ms, c_tp = eq2.total_ms, eq2.weight_ms, eq2.kv_ms, eq2.tp_ms
+    train = compute_s(TRAIN_PASSES * COMPLETIONS * row_flops(figures, PROMPT + FORCED), CORES,
+                      MFU.value)  # fmt: skip
+    publish = publish_s(figures)
     decode = waves * FORCED * d_iter / 1e3
     return dict(model=model, tp=t, m=m, waves=waves, weight_ms=weight_ms, kv_ms=kv_ms,
                 c_tp_ms=c_tp, d_iter_ms=d_iter, decode_s=decode, train_s=train,
