@@ -6,8 +6,9 @@ compiled decode program (issue 41).
 Q_w / t is the weight bytes a device of the cell's rollout TP holds in XLA-TPU's compiled
 decode iteration, Q_KV the cache bytes its rows read (XLA-TPU's bytes per cached token times
 the rows times the tokens in cache), C_TP(t) the compiled program's collectives times one
-latency times t - 1 (a collective's steps over t devices); kappa and that latency are the calibrated constants of `constants.py`, beta_eff App.
-C's measured rate. The compiled figures come from tools/compile_decode_iterations.py's cache
+latency times t - 1 (a collective's steps over t devices); kappa and that latency are the
+calibrated constants of `constants.py`, beta_eff App. C's measured rate. The compiled
+figures come from tools/compile_decode_iterations.py's cache
 (experiments/compiled/decode_iterations.jsonl): this module never imports jax and compiles
 nothing. Compute is left out as Eq. 2 leaves it out (App. C: 0.02-0.24 ms at peak) and reported
 beside it from XLA's FLOPs. XLA's own `bytes accessed` is reported too, as a compiler figure:
