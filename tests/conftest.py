@@ -23,8 +23,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the se
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="locoexp-tests-xla-")
     os.environ[_CACHE_OWNER] = str(os.getpid())
     # cache every program: the suite's are small and quick to compile, but there are many
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 # LLVM's optimisation of the CPU code is most of each compile and buys nothing for programs this
