@@ -1,6 +1,7 @@
-"""Where admission runs, from the per-host records of real runs (Section 4.3, Figure 7a): the
-single controller admits every request of a step serially in its one process; under `co` each
-host process admits its own share, at the same time as the others. Also: a profiled step's
+"""Where admission runs, from the per-host records of real runs (Section 4.3, Figure 7a): under
+`co` each host process admits its own share, at the same time as the others (the single
+controller's one admitting process and each placement's shares: `test_step_loop`, whose golden
+runs record them). Also: a profiled step's
 breakdown reaches the records of a 2-host run (each host's trace parsed, then reduced; writing a
 trace costs seconds per host, so only the `co` run profiles). Real GSM8K rows, the real Qwen3
 tokenizer, a tiny Qwen3-vocabulary model; 2 local hosts."""
@@ -13,16 +14,12 @@ from dataset_options import shared_data
 from locoexp.placement.admission import read_admission_logs
 
 pytestmark = pytest.mark.slow
-PROMPTS, GROUP, STEPS = 16, 8, 3  # 128 requests a step: what is checked is where they are admitted
+PROMPTS, GROUP, STEPS = 4, 4, 3  # 8 requests a host a step: where they are admitted is checked
 
 
-def run_gsm8k(
-    compose, placement: str, run_dir, *, profile: bool = False, meetings=None
-) -> list[dict]:
-    """A short GSM8K run's step records; with `meetings`, a 2-host co run whose host processes
-    meet at every admission in that folder (`support.rendezvous`)."""
-    from locoexp.main import run
-
+def run_gsm8k(compose, placement: str, run_dir, *, profile: bool, meetings) -> list[dict]:
+    """A short GSM8K 2-host run's step records, its host processes meeting at every admission in
+    `meetings` (`support.rendezvous`)."""
     folder = shared_data("gsm8k")
     config = compose(
         [
@@ -47,10 +44,7 @@ def run_gsm8k(
             "logger=none",
         ]
     )
-    if meetings is None:
-        run(config, run_dir=run_dir, progress=False)
-    else:
-        launch_meeting(config, run_dir, meetings)
+    launch_meeting(config, run_dir, meetings)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "timing/step_s" in r]
 
@@ -76,18 +70,6 @@ def launch_meeting(config, run_dir, meetings) -> None:
         bind_address=spec.coordinator.bind_address,
     )
     assert code == 0
-
-
-def test_single_controller_admits_every_request_serially_in_one_process(compose, tmp_path):
-    records = run_gsm8k(compose, "single_controller", tmp_path)
-    logs = read_admission_logs(tmp_path)
-    assert list(logs) == ["host0"]  # one admitting process
-    steps = logs["host0"]
-    assert [s["step"] for s in steps] == list(range(STEPS))
-    assert len({s["pid"] for s in steps}) == 1
-    assert all(s["requests"] == PROMPTS * GROUP and not s["pretokenized"] for s in steps)
-    assert all(records[t]["admission/requests"] == PROMPTS * GROUP for t in range(STEPS))
-    check_timings(records)
 
 
 def test_co_hosts_admit_their_own_share_in_their_own_processes_in_parallel(compose, tmp_path):
