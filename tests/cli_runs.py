@@ -5,11 +5,14 @@ must all be on loopback (README, "Security")."""
 import contextlib
 import dataclasses
 import ipaddress
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -139,18 +142,63 @@ class WatchedRun:
     sockets: dict[tuple[str, int], str]  # every listening socket seen while it ran
 
 
-def run_and_watch(run_dir: Path, args: list[str], *, deadline_s: float) -> WatchedRun:
-    """Run to the end, listing the listening sockets of the run's process tree every 0.25 s."""
-    run = start(run_dir, args)
-    with sockets_of(run) as seen:
-        output = finish(run, timeout_s=deadline_s)
-    assert run.returncode == 0, output[-3000:]
-    return WatchedRun(run_dir, output, dict(seen))
-
-
 def assert_same_steps(got: list[dict], want: list[dict], steps: int) -> None:
     """Every step exactly once, with the reference run's losses and rewards (within 1e-5)."""
     assert [r["step"] for r in got] == list(range(steps))
     for a, b in zip(got, want, strict=True):
         for key in ("train/loss", "rollout/reward_mean"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+
+
+def records(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl records (its last line only once written whole)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    return [r for r in records(run_dir) if "eval/accuracy" not in r]
+
+
+def _checkpointed(run_dir: Path) -> bool:
+    directory = run_dir / "checkpoints"
+    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
+def wait_for_steps(
+    run: subprocess.Popen, run_dir: Path, count: int, *, checkpoint: bool = False
+) -> None:
+    """Until `count` steps are logged (and, with `checkpoint`, one is saved); a run that ends
+    first, or a deadline missed, fails the test at once."""
+    begun = time.monotonic()
+    while len(step_records(run_dir)) < count or (checkpoint and not _checkpointed(run_dir)):
+        if run.poll() is not None:
+            pytest.fail(f"the run ended before step {count}: {finish(run)[-2000:]}")
+        if time.monotonic() - begun > DEADLINE_S:
+            kill(run)
+            pytest.fail(f"no step {count} within {DEADLINE_S} s")
+        time.sleep(0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class KilledRun(WatchedRun):
+    args: list[str]  # the command's overrides (hydra.run.dir apart)
+    steps_at_kill: int  # steps logged when SIGKILL landed
+
+
+def kill_and_resume(run_dir: Path, args: list[str], *, steps: int) -> KilledRun:
+    """`python run.py <args>` killed with SIGKILL once it has logged a random step (between 1
+    and `steps` - 2) and saved a checkpoint, then the same command to the end; every listening
+    socket of both attempts' process trees is seen."""
+    run = start(run_dir, args)
+    with sockets_of(run) as seen:
+        wait_for_steps(run, run_dir, random.randint(1, steps - 2), checkpoint=True)
+        kill(run)
+    killed_at = len(step_records(run_dir))
+    run = start(run_dir, args)
+    with sockets_of(run) as seen_again:
+        output = finish(run)
+    assert run.returncode == 0, output[-3000:]
+    return KilledRun(run_dir, output, {**seen, **seen_again}, args, killed_at)

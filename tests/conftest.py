@@ -14,7 +14,8 @@ import shutil
 import tempfile
 
 import pytest
-from cli_runs import RESUMABLE, run_and_watch
+from cli_runs import kill_and_resume
+from step_loop_reference import REFERENCE, overrides_of
 
 from locoexp.compose import compose_config
 
@@ -90,8 +91,11 @@ def compose():
 
 @pytest.fixture(scope="session")
 def two_host_co_run(tmp_path_factory):
-    """`python run.py` on 2 local hosts under co, resumable (checkpoints every 2 steps), with
-    every listening socket of its process tree seen while it ran: test_resume_run's reference
-    for a killed 2-host run, test_loopback's co run."""
+    """`python run.py` on 2 local hosts under co with test_step_loop's golden overrides and a
+    checkpoint every step, killed with SIGKILL after a random step and started again with the
+    same command, every listening socket of both attempts seen: test_resume_run's kill -9 test
+    (held to the golden records) and finished run started again, test_loopback's co run."""
     run_dir = tmp_path_factory.mktemp("two_host_co") / "run"
-    return run_and_watch(run_dir, [*RESUMABLE, "hardware.hosts=2"], deadline_s=420)
+    args = [*overrides_of("co_2hosts"), "checkpoint_every_steps=1"]
+    steps = len(REFERENCE["runs"]["co_2hosts"]["steps"]["train/loss"])
+    return kill_and_resume(run_dir, args, steps=steps)

@@ -1,5 +1,5 @@
 """Run in a subprocess by tests/test_paged_sharded_engine.py, with 4 CPU devices set before jax
-starts: on each sharded layout (TP2, DP2, DP2 x TP2, and a mixture of experts at EP2) the
+starts: on each sharded layout (DP2 x TP2, and a mixture of experts at EP2) the
 dense-cache engine and the paged one with a pool of one row at its caps per replica (rows wait
 and are preempted on every replica), on the same requests; the single-device dense engine as
 the reference. Writes each engine's greedy rollout, and for each paged layout the collectives
@@ -30,8 +30,6 @@ QWEN3_MOE = dataclasses.replace(TINY, num_experts=4, experts_per_token=2, expert
 # name: (model, tensor parallel, expert parallel, devices)
 LAYOUTS = {
     "tp1": ("dense", 1, 0, 1),
-    "tp2": ("dense", 2, 0, 2),
-    "dp2": ("dense", 1, 0, 2),
     "dp2tp2": ("dense", 2, 0, 4),
     "moe_tp1": ("moe", 1, 0, 1),
     "moe_ep2": ("moe", 1, 2, 2),

@@ -98,7 +98,14 @@ def test_a_run_starts_again_from_the_exported_policy(exported, tmp_path, compose
 
     directory, _ = exported
     config = compose(
-        [f"model.checkpoint={directory}", "steps=1", "logger=none", "dataset.prompts_per_step=4"]
+        [
+            f"model.checkpoint={directory}",
+            "steps=1",
+            "logger=none",
+            "dataset.prompts_per_step=4",
+            "dataset.samples_per_prompt=4",
+            "dataset.synthetic.held_out_size=8",  # the final evaluation: 8 prompts, not 200
+        ]
     )
     summary = run(config, run_dir=tmp_path, progress=False)
     assert summary["steps"] == 1

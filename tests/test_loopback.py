@@ -7,6 +7,6 @@ from cli_runs import assert_loopback_only
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("two_host_co_run")  # the run test_resume_run takes as its reference
+@pytest.mark.xdist_group("two_host_co_run")  # the killed and resumed run of test_resume_run
 def test_a_two_host_co_run_listens_on_loopback_only(two_host_co_run):
     assert_loopback_only(two_host_co_run.sockets)
