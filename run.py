@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from locoexp.checkpoint.stop import RunStopped
 from locoexp.compose import compose_command_line, hydra_message, override_value, to_config
 from locoexp.errors import ConfigError, RunFailed
+from locoexp.placement.launch import exit_without_teardown
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -95,21 +96,9 @@ def cli() -> None:
         except ConfigError as error:  # dry_run=compile: no libtpu, a topology it does not know
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
-        _end()
+        exit_without_teardown()
     main()
-    _end()
-
-
-def _end() -> None:
-    """Exit 0 without the interpreter's teardown: everything is on disk (records, checkpoints,
-    the logger finished, Ray stopped), and collecting every module, compiled program and array
-    took seconds more (py-spy, experiments/LOG.md, session 30)."""
-    import logging  # noqa: PLC0415
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()
 
 
 if __name__ == "__main__":

@@ -18,3 +18,12 @@ def overrides_of(run: str) -> list[str]:
         key, _, value = override.partition("=")
         renamed.append(f"{RENAMED_KEYS.get(key, key)}={value}")
     return renamed
+
+
+def golden_steps(run: str) -> list[dict]:
+    """The recorded run's per-step loss and reward, as `cli_runs.assert_same_steps` reads them."""
+    values = REFERENCE["runs"][run]["steps"]
+    return [
+        {"step": t, "train/loss": loss, "rollout/reward_mean": values["rollout/reward_mean"][t]}
+        for t, loss in enumerate(values["train/loss"])
+    ]

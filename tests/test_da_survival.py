@@ -31,9 +31,17 @@ import da_resume_reference
 import numpy as np
 import psutil
 import pytest
-from cli_runs import assert_loopback_only, assert_same_steps, kill, run_through, sockets_of, start
+from cli_runs import (
+    assert_loopback_only,
+    assert_same_steps,
+    kill,
+    run_through,
+    sockets_of,
+    start,
+    step_records,
+)
 from da_resume_reference import STALE_STEPS
-from step_loop_reference import REFERENCE, overrides_of
+from step_loop_reference import REFERENCE, golden_steps, overrides_of
 
 from locoexp.compose import compose_config
 from locoexp.errors import RunFailed
@@ -87,10 +95,6 @@ def trained_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in ledger(run_dir) if "example_ids" in row]
 
 
-def steps(run_dir: Path) -> list[dict]:
-    return [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" not in r]
-
-
 def wait_for_trained_step(run_dir: Path, *, alive) -> None:
     """Until the ledger holds a trained step (polled every 10 ms: the kill lands mid-run)."""
     start = time.monotonic()
@@ -101,12 +105,7 @@ def wait_for_trained_step(run_dir: Path, *, alive) -> None:
 
 
 def assert_same_losses(run_dir: Path) -> None:
-    values = UNINTERRUPTED["steps"]
-    reference = [
-        {"step": t, "train/loss": values["train/loss"][t], "rollout/reward_mean": reward}
-        for t, reward in enumerate(values["rollout/reward_mean"])
-    ]
-    assert_same_steps(steps(run_dir), reference, STEPS)
+    assert_same_steps(step_records(run_dir), golden_steps("da_2hosts"), STEPS)
 
 
 def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path):
@@ -139,7 +138,7 @@ def test_a_killed_rollout_host_is_restarted_and_every_step_trained_once(tmp_path
     assert len(restarts) == 1 and restarts[0]["host"] == 0, restarts
     assert restarts[0]["regenerated"] == "batch" and restarts[0]["step"] >= 1
     assert summary["da/rollout_restarts"] == 1
-    assert steps(tmp_path)[-1]["da/rollout_restarts"] == 1
+    assert step_records(tmp_path)[-1]["da/rollout_restarts"] == 1
     # the regenerated batch is the lost one: same prompts, sampling key and weights
     assert_same_losses(tmp_path)
     assert not own_processes()
@@ -216,7 +215,7 @@ def stopped_then_resumed(tmp_path_factory) -> SimpleNamespace:
         run.send_signal(signal.SIGTERM)  # the driver only: it stops its actors and Ray
         _, err = _finish(run, timeout_s=60)
         stop_s = time.monotonic() - sent
-    stopped_at = len(steps(run_dir))
+    stopped_at = len(step_records(run_dir))
     stopped = SimpleNamespace(
         returncode=run.returncode,
         err=err,

@@ -32,7 +32,6 @@ PAPER_SCALE = [
     "tp_sweep_64",
     "tunix_recipe",
 ]
-# Keys the paper's settings need that other branches are adding; the lead reconciles at merge.
 REPEATS = ("launch", "seed")  # repeat a cell; composing their first value covers the cell
 
 

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import assert_same_steps
-from step_loop_reference import REFERENCE, overrides_of
+from cli_runs import assert_same_steps, step_records
+from step_loop_reference import golden_steps, overrides_of
 from support.netns import Listener, Machine, machines, unavailable
 
 from locoexp.metrics.run_records import read_metrics_jsonl
@@ -53,17 +53,8 @@ WORKER_PORTS = (20000, 20999)  # Ray's core workers (the driver's and each actor
 STEPS = 4  # the recorded runs' steps (their learning-rate schedule spans them)
 
 
-def steps_of(run_dir: Path) -> list[dict]:
-    return [r for r in read_metrics_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" not in r]
-
-
 def assert_reference_records(run_dir: Path, name: str) -> None:
-    values = REFERENCE["runs"][name]["steps"]
-    want = [
-        {"step": t, "train/loss": loss, "rollout/reward_mean": values["rollout/reward_mean"][t]}
-        for t, loss in enumerate(values["train/loss"])
-    ]
-    assert_same_steps(steps_of(run_dir), want, STEPS)
+    assert_same_steps(step_records(run_dir), golden_steps(name), STEPS)
 
 
 def cmdline(pid: int) -> str:

@@ -21,7 +21,7 @@ from cli_runs import (
     step_records,
     wait_for_steps,
 )
-from step_loop_reference import REFERENCE
+from step_loop_reference import REFERENCE, golden_steps
 
 GOLDEN = REFERENCE["runs"]["co_2hosts"]
 
@@ -31,12 +31,7 @@ GOLDEN = REFERENCE["runs"]["co_2hosts"]
 def test_kill_9_of_a_two_host_co_run_resumes_on_two_hosts(two_host_co_run):
     run_dir, steps = two_host_co_run.run_dir, len(GOLDEN["steps"]["train/loss"])
     assert 1 <= two_host_co_run.steps_at_kill < steps, "the run finished before the kill"
-    values = GOLDEN["steps"]
-    reference = [
-        {"step": t, "train/loss": loss, "rollout/reward_mean": values["rollout/reward_mean"][t]}
-        for t, loss in enumerate(values["train/loss"])
-    ]
-    assert_same_steps(step_records(run_dir), reference, steps)
+    assert_same_steps(step_records(run_dir), golden_steps("co_2hosts"), steps)
     evals = [r for r in records(run_dir) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == GOLDEN["eval_steps"]
     assert [r["eval/accuracy"] for r in evals] == pytest.approx(GOLDEN["eval_accuracy"])

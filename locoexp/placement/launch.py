@@ -222,25 +222,24 @@ def _process_main(
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    _exit_after_success(num_processes)
-
-
-def _exit_after_success(num_processes: int) -> None:
-    """End a host whose run finished: `target` has closed its records, checkpoints and logger.
-    It leaves the group through jax.distributed's shutdown barrier (host 0's coordinator must
-    outlive the others' last call), then exits without the interpreter's teardown, whose
-    collection of every compiled program and array was a third of a host's CPU time in a 4-step
-    tiny run (py-spy, experiments/LOG.md, session 30)."""
-    import logging  # noqa: PLC0415
-
-    if num_processes > 1:
+    if num_processes > 1:  # host 0's coordinator must outlive the others' last call
         import jax  # noqa: PLC0415
 
         jax.distributed.shutdown()
+    exit_without_teardown()
+
+
+def exit_without_teardown(code: int = 0) -> None:
+    """End this process once everything is on disk (records, checkpoints, the logger finished,
+    Ray stopped), without the interpreter's teardown: its collection of every module, compiled
+    program and array was two fifths of a host's CPU time in a 4-step tiny run and over half of
+    run.py's (py-spy, experiments/LOG.md, session 30)."""
+    import logging  # noqa: PLC0415
+
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def launch_local_processes(
