@@ -5,6 +5,7 @@ micro-batched step still makes one optimizer update.
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -14,7 +15,7 @@ from tiny_policy import random_prompts, tiny_model
 from locoexp.algo.config import AlgoConfig, LossAggregation
 from locoexp.model.config import AttentionKind, RematPolicy
 from locoexp.trainer.config import TrainerConfig
-from locoexp.trainer.micro import MicroLayout
+from locoexp.trainer.micro import MicroLayout, group_slots
 from locoexp.trainer.packing import pack_sequences
 from locoexp.trainer.trainer import Trainer
 
@@ -155,3 +156,36 @@ def test_micro_layout_keeps_each_device_share_and_round_trips():
     np.testing.assert_array_equal(split[1, :4, 0], [12, 15, 0, 0])  # device 0's last 2, padding
     np.testing.assert_array_equal(np.asarray(layout.join(split)), rows)
     assert MicroLayout.of(24, devices=4, micro_batch_rows=0).count == 1
+
+
+def test_each_micro_batch_lane_holds_its_devices_slots_in_row_order():
+    """`group_slots` (sort-free) against a NumPy sort by (micro-batch, device, position) over
+    random layouts with dropped slots: each lane holds exactly its device's slots of that
+    micro-batch, in the order of their positions, then zeros; the chunk counts cover the
+    fullest lane."""
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        devices, rows, tokens = (int(rng.choice(c)) for c in ([1, 2, 4], [1, 2, 3, 4], [8, 40]))
+        layout = MicroLayout.of(devices * rows, devices, int(rng.integers(1, rows + 1)))
+        m, n = layout.micro_rows, layout.count
+        k = int(rng.integers(1, devices * rows * tokens))
+        flat = rng.choice(devices * rows * tokens, size=k, replace=False)
+        mask = (rng.random(k) < 0.8).astype(np.float32)
+        groups, chunks = group_slots(
+            layout, tokens, jnp.asarray(flat, jnp.int32), {"mask": jnp.asarray(mask),
+            "slot": jnp.arange(k, dtype=jnp.int32)}, chunk=8,
+        )  # fmt: skip
+        row, position = flat // tokens, flat % tokens
+        device, within = row // rows, row % rows
+        local = (within % m) * tokens + position
+        for t in range(n):
+            for d in range(devices):
+                mine = np.flatnonzero((mask > 0) & (within // m == t) & (device == d))
+                mine = mine[np.argsort(local[mine])]
+                lane = np.asarray(groups["slot"][t, d])
+                np.testing.assert_array_equal(lane[: len(mine)], mine)
+                assert not lane[len(mine) :].any() and not groups["mask"][t, d, len(mine) :].any()
+                np.testing.assert_array_equal(
+                    np.asarray(groups["index"][t, d, : len(mine)]), d * m * tokens + local[mine]
+                )
+                assert int(chunks[t]) * 8 >= len(mine)
