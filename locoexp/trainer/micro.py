@@ -103,8 +103,8 @@ def group_slots(
     device, within = row // r, row % r
     local = (within % m) * row_tokens + position  # in the device's m rows of the micro-batch
     group = (within // m) * d + device
-    order = jnp.where(fields["mask"] > 0, group * span + local, n * d * span)  # past: dropped
-    source, counts = _slots_by_key(order, n * d, span, width)
+    keys = jnp.where(fields["mask"] > 0, group * span + local, n * d * span)  # past: dropped
+    source, counts = _slots_by_key(keys, n * d, span, width)
     filled = jnp.arange(width)[None, :] < counts[:, None]  # [n * d, S]
     lane_start = (jnp.arange(n * d) % d * span)[:, None]  # device d's rows in the micro-batch
     groups = {key: jnp.where(filled, x[source], 0).astype(x.dtype) for key, x in fields.items()}
