@@ -79,9 +79,9 @@ def test_a_qwen3_0_6b_gsm8k_cell_compiles_for_tpu_v7x_8_and_fits():
         "dataset=gsm8k",
         "dataset.prompts_per_step=2",  # 8 rows
         "dataset.samples_per_prompt=4",
-        # XLA-TPU's compile of the train step grows with the step's tokens (the embedding
-        # gradient sorts them all: experiments/LOG.md, session 31): 47 s at 512 new tokens, 60
-        # at GSM8K's 2,048 on a quiet 2-core machine, the same programs otherwise
+        # XLA-TPU's compile of the train step grows with the step's tokens (experiments/LOG.md,
+        # sessions 31 and 32): 47 s at 512 new tokens, 60 at GSM8K's 2,048 on a quiet 2-core
+        # machine, the same programs otherwise
         "dataset.max_new_tokens=512",
         "hardware=tpu_v7x_8",
         "trainer.attention=splash",

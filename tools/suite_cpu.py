@@ -7,7 +7,7 @@ process of the machine from /proc each interval, keeping each one's user + syste
 when it was first seen to when it was last seen. `/usr/bin/time` (and the suite figures in
 experiments/LOG.md before session 32) count only the processes pytest waits for; Ray's actors
 and daemons are re-parented and left out, and so are the cores they take (session 32: 2,600
-counted of about 3,550 used). This tool prints:
+counted of about 3,500 used). This tool prints:
 
 - the machine's busy core-seconds over the run (/proc/stat: everything, the suite's or not);
 - the core-seconds of the processes that appeared during the run, by kind (xdist worker, co
@@ -65,7 +65,8 @@ def machine_busy_ticks() -> int:
 
 
 class Sampler:
-    """pid -> [cpu when first seen, cpu when last seen, command line, seen in the first sample]."""
+    """pid -> [cpu counted from (0 for a process started after the first sample), cpu when last
+    seen, command line, seen in the first sample]."""
 
     def __init__(self, interval_s: float):
         self.interval_s, self.seen, self.stop = interval_s, {}, threading.Event()
