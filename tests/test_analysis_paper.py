@@ -379,6 +379,7 @@ def accounting_text(*args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_accounting_on_the_papers_numbers_prints_the_papers_verdicts():
     # App. C trade-off 1 (Eq. 2): TP1 -> TP2 saves 0.21 ms at 0.6B against 0.68 ms, 1.16 ms at
     # 4B against 0.77-0.85 ms; bytes terms at 3.32 TB/s 0.18 and 1.20 ms

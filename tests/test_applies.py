@@ -323,6 +323,7 @@ def one_sentence_naming(error: ConfigError, key: str) -> bool:
 
 
 @pytest.mark.parametrize("model", MODELS)
+@pytest.mark.slow
 def test_every_key_of_every_group_reaches_what_runs_or_is_refused(model, tmp_path, monkeypatch):
     keys = leaf_keys(Config)
     cells = [

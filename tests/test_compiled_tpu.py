@@ -163,6 +163,7 @@ def test_a_cell_that_does_not_fit_is_refused_with_xlas_figure_and_a_setting_that
     assert "it fits with trainer.accumulate=true (compiled:" in verdict, verdict
 
 
+@pytest.mark.slow
 def test_hardware_cpu_compiles_with_xla_for_cpu_and_a_slice_needs_libtpu(monkeypatch):
     result = run_py("dry_run=compile")
     assert result.returncode == 0, result.stderr[-2000:]

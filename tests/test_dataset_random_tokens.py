@@ -3,6 +3,7 @@ benchmark's workload, its task is built as every run builds one, and a run of th
 evaluates and exports like any other (the id tokenizer written as Hugging Face files)."""
 
 import numpy as np
+import pytest
 
 from locoexp.compose import compose_config
 from locoexp.dataset.config import DatasetKind
@@ -28,6 +29,7 @@ def test_the_bench_w1_experiment_is_w1_random_ids_over_the_whole_qwen3_vocabular
     np.testing.assert_allclose(task.score(task.train[:3], completions), [0.5, 1.0, 0.0])
 
 
+@pytest.mark.slow
 def test_a_random_tokens_run_trains_evaluates_and_exports(tmp_path):
     config = compose_config(
         [

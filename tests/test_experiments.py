@@ -122,6 +122,7 @@ DRY_RUN_CLI = ["scale_study", "maxtext_gemma4_recipe", "tunix_recipe"]
 
 
 @pytest.mark.parametrize("experiment", DRY_RUN_CLI)
+@pytest.mark.slow
 def test_paper_scale_experiment_dry_runs_one_line_per_job(experiment):
     # one launch or seed (a command-line value replaces the file's): every cell, fewer jobs;
     # tests/test_paper_experiments.py plans every job

@@ -50,6 +50,7 @@ def exported(tmp_path_factory):
     return directory, nnx.merge(trainer.graphdef, trainer.params)
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_exported_policy_with_the_same_logits(exported):
     directory, policy = exported
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
@@ -93,6 +94,7 @@ def test_model_checkpoint_loads_the_export_with_its_parameters(exported):
     np.testing.assert_array_equal(_logits(loaded, tokens), _logits(policy, tokens))
 
 
+@pytest.mark.slow
 def test_a_run_starts_again_from_the_exported_policy(exported, tmp_path, compose):
     from locoexp.main import run
 

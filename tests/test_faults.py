@@ -280,6 +280,7 @@ def test_a_finished_wandb_run_has_every_record_in_its_file_at_once(tmp_path, mon
 # ---- a second Ctrl-C: a real run, stopped during its first step -------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_leaves_at_once_with_130_and_one_sentence(tmp_path):
     run_dir = tmp_path / "run"
     with open(tmp_path / "stderr", "wb") as err:

@@ -185,6 +185,7 @@ def test_every_directory_name_round_trips_through_hydras_parser(tmp_path):
             assert cfg.hydra.run.dir == wanted, override
 
 
+@pytest.mark.slow
 def test_the_printed_resume_command_resumes_a_run_in_an_oddly_named_directory(tmp_path):
     run_dir = tmp_path / 'run;1 it\'s "q" k=v,w'
     args = ["steps=3", "logger=none", "checkpoint_every_steps=1"]

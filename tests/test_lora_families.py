@@ -84,6 +84,7 @@ def test_the_factors_of_a_dense_mlp_beside_experts_are_not_split_as_expert_stack
 
 
 @pytest.mark.parametrize("name", ["tiny_qwen3_moe", "tiny_gemma4_moe"])
+@pytest.mark.slow
 def test_a_train_step_moves_the_adapters_and_leaves_the_experts_frozen(name):
     config = compose_config(["adapter=lora", f"model={name}"])
     trainer = Trainer(

@@ -25,6 +25,7 @@ MAX_NEW = 10
 
 @pytest.mark.parametrize("config", [QWEN3_MOE, GEMMA4_MOE], ids=["qwen3_moe", "gemma4_moe"])
 @pytest.mark.parametrize("prefill_chunk", [512, 4])
+@pytest.mark.slow
 def test_engine_logprobs_equal_full_forward_recomputation(config, prefill_chunk):
     model = build_model(config, seed=0)
     engine = JaxEngine(

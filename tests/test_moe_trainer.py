@@ -64,6 +64,7 @@ def loss_and_grads(config: ModelConfig, *, micro_batch_rows: int = 0):
 
 @CONFIGS
 @pytest.mark.parametrize("micro_batch_rows", [0, 1])
+@pytest.mark.slow
 def test_router_loss_enters_the_grpo_loss_with_its_coefficient(config, micro_batch_rows):
     off = dataclasses.replace(config, router_aux_loss_coef=0.0)
     (loss_on, metrics_on), grads_on = loss_and_grads(config, micro_batch_rows=micro_batch_rows)
@@ -91,6 +92,7 @@ def test_micro_batches_give_the_one_shot_gradient_without_router_loss(config):
 
 
 @CONFIGS
+@pytest.mark.slow
 def test_a_moe_train_step_runs_and_reports_the_router_loss(config):
     metrics = trainer(config).train_step(packed_batch())
     assert np.isfinite(metrics["train/loss"]) and metrics["train/router_loss"] > 0.0

@@ -162,6 +162,7 @@ QWEN3_MOE = dataclasses.replace(TINY, num_experts=4, experts_per_token=2, expert
 
 
 @pytest.mark.parametrize("config", [GEMMA4, QWEN3_MOE], ids=["gemma4_window", "qwen3_moe"])
+@pytest.mark.slow
 def test_paged_cache_gives_the_dense_caches_completions_with_windows_and_experts(config, prompts):
     """Gemma4's local layers attend over the last 4 tokens of their pages (rows longer than
     the window), its global layer over all; a MoE's routed MLP sees the same rows. A pool

@@ -41,6 +41,7 @@ def _elements(shape: str) -> int:
 @pytest.mark.parametrize(
     ("preset", "tensor_parallel"), [("tpu_v5e_4", 1), ("tpu_v6e_4", 2), ("tpu_v7x_4", 2)]
 )
+@pytest.mark.slow
 def test_the_paged_decode_program_compiles_the_kernel_for_every_tpu_generation(
     preset, tensor_parallel
 ):

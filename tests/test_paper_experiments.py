@@ -88,6 +88,7 @@ def jobs_by_cell(experiment: str) -> dict[str, list[list[str]]]:
 
 
 @pytest.mark.parametrize("experiment", PAPER_EXPERIMENTS)
+@pytest.mark.slow
 def test_every_cell_of_a_paper_experiment_plans_as_the_paper_says(experiment):
     cells = jobs_by_cell(experiment)  # each cell's first launch or seed: they plan alike (below)
     table = {cell: verdict for name, cell, verdict, _ in PAPER if name == experiment}

@@ -140,6 +140,7 @@ def test_predict_lists_uncompiled_and_lockstep_cells_with_the_reason(capsys):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
+@pytest.mark.slow
 def test_compiled_figures_of_a_tiny_model_are_its_weights_and_cache():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import compile_decode_iterations as tool  # noqa: PLC0415

@@ -430,6 +430,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step():
         require_finite_step({"train/grad_norm": float("inf")}, step=4, last_checkpoint="ckpt/3")
 
 
+@pytest.mark.slow
 def test_a_diverging_run_exits_with_one_sentence_naming_the_step(tmp_path):
     # AdamW's first update moves every weight by about the learning rate: with 1e30 the next
     # steps' log-probs, hence loss and gradient, are NaN (this seed: at step 2)
@@ -464,6 +465,7 @@ def float_keys(node, prefix=""):
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.slow
 def test_every_float_key_refuses_non_finite_numbers(compose, value):
     keys = list(float_keys(compose(["placement=da", "split=0.5", "hardware.hosts=2"])))
     assert "algo.learning_rate" in keys and "split" in keys and len(keys) > 20

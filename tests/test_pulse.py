@@ -29,6 +29,7 @@ STEP_KEYS = {
 }
 
 
+@pytest.mark.slow
 def test_two_step_pulse_writes_metrics_and_summary(tmp_path):
     config = compose_config(["steps=2"])
     summary = run_grpo(config, run_dir=tmp_path, progress=False)

@@ -54,6 +54,7 @@ def run_steps(*overrides: str, steps: int = 2):
 
 
 @pytest.mark.parametrize("one_call", ["true", "false"])
+@pytest.mark.slow
 def test_released_weights_change_nothing_the_step_computes(one_call):
     publish = f"opt.publish_in_one_call={one_call}"
     kept = run_steps(publish)

@@ -85,6 +85,7 @@ def test_xla_fitting_a_run_the_plan_refuses_lets_build_spec_build_it(monkeypatch
     build_spec(config, xla=startup.judged(config))  # follows XLA, as main and preflight ask
 
 
+@pytest.mark.slow
 def test_a_rank_xla_cannot_fit_is_refused_at_start_up_with_xlas_figure(monkeypatch):
     """The plan once said "fits" for ranks whose step then failed allocating (issue 44); now
     the plan counts the rank and XLA's compile (a real one, in the child process) decides."""

@@ -158,6 +158,7 @@ def test_micro_layout_keeps_each_device_share_and_round_trips():
     assert MicroLayout.of(24, devices=4, micro_batch_rows=0).count == 1
 
 
+@pytest.mark.slow
 def test_each_micro_batch_lane_holds_its_devices_slots_in_row_order():
     """`group_slots` (sort-free) against a NumPy sort by (micro-batch, device, position) over
     random layouts with dropped slots: each lane holds exactly its device's slots of that
