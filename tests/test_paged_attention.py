@@ -78,3 +78,22 @@ def test_the_tpu_kernels_reference_semantics_equal_the_xla_path(window):
         jnp.array([SLOTS], jnp.int32), sm_scale=HEAD_DIM**-0.5, sliding_window=window or None,
     )  # fmt: skip
     np.testing.assert_allclose(got, np.asarray(reference).reshape(SLOTS, -1), atol=1e-5, rtol=0)
+
+
+def test_a_slots_non_finite_keys_stay_its_own():
+    """The slots' pages are visited together in chunks and folded per slot: a NaN in one slot's
+    live keys (a diverged row) leaves every other slot's output equal to the dense cache's, as
+    rows are independent there."""
+    q, pool, table, keys, values = _paged_and_dense(seed=3)
+    pool[table[2, 1], 0, 0] = np.nan  # slot 2's token 4: a key it attends
+    got = np.asarray(jax.jit(paged_decode_attention)(q, pool, table, LENGTHS))
+    rows = np.arange(SLOTS)
+    newest = lambda x: x[rows, LENGTHS - 1][:, None]  # noqa: E731
+    expected, _ = attend_cached(
+        jnp.asarray(q[:, None]), jnp.asarray(newest(keys)), jnp.asarray(newest(values)),
+        jnp.ones((SLOTS, SLOTS_DENSE), bool), (keys.swapaxes(1, 2), values.swapaxes(1, 2)),
+        jnp.asarray(LENGTHS - 1),
+    )  # fmt: skip
+    assert np.isnan(got[2]).any()  # its heads that read key head 0
+    others = [0, 1, 3]
+    np.testing.assert_allclose(got[others], np.asarray(expected)[others, 0], atol=1e-5, rtol=0)

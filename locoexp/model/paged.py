@@ -7,11 +7,13 @@ with keys at even and values at odd heads, a table [W, Q] of each slot's pages i
 same arrays (locoexp/model/paged_kernel.py, chosen by the layer's `kernel`); this is the XLA
 path beside it, which CPU and GPU run, and TPU for a layer the kernel cannot take.
 
-One new token per slot (decode), already written into its page. A loop over page columns, as
-many as the longest slot holds (a dynamic trip count), gathers one page per slot and folds it
-into an online softmax (flash decoding): no slot reads a page it does not hold (a slot past its
-own pages re-reads its last page, masked), and no [W, S] score row over a dense cache's unused
-slots is formed. It owns the attention arithmetic and the new token's write into its page
+One new token per slot (decode), already written into its page. The pages every slot holds
+are laid end to end as (slot, page) pairs, and a loop with a dynamic trip count gathers a chunk
+of pairs at a time and folds each page into its own slot's online softmax (flash decoding): the
+work is the pages the slots hold, so a slot of 100 tokens beside one of 2,000 costs its own 7
+pages, not the longest slot's 125 (a loop over page columns, every slot in step, cost the
+latter); no slot reads a page it does not hold, and no [W, S] score row over a dense cache's
+unused slots is formed. It owns the attention arithmetic and the new token's write into its page
 (`attend_paged`, which the model's attention calls with a `PagedLayer` in place of a dense
 cache): no allocation (locoexp/rollout/pages.py), no scheduling.
 
@@ -20,6 +22,8 @@ Q = most pages a slot holds.
 """
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +32,7 @@ from locoexp.model.paged_kernel import PagedKernel, ragged_decode_attention
 
 Array = jax.Array
 _MASKED = -1e30  # finite: a fully masked page leaves the running maximum where it was
+CHUNK_PAGES = 64  # (slot, page) pairs a loop iteration visits (`paged_decode_attention`)
 
 
 @jax.tree_util.register_dataclass
@@ -45,18 +50,6 @@ class PagedLayer:
     page: Array  # [W] int32: the page the new token is written to (N: written nowhere)
     offset: Array  # [W] int32: its offset in that page
     kernel: PagedKernel | None = dataclasses.field(default=None, metadata=dict(static=True))
-
-
-def _per_replica_pages(pool: Array, ids: Array) -> Array:
-    """pool[ids] for ids [W, ...] of slots grouped by replica: each replica's rows gather from
-    its own pool (a batched gather over the replica axis, which the data axis splits, so no
-    page crosses devices)."""
-    if pool.ndim == 4:
-        return pool[ids]
-    replicas = pool.shape[0]
-    by_replica = ids.reshape(replicas, -1, *ids.shape[1:])
-    out = jax.vmap(lambda own, i: own[i])(pool, by_replica)
-    return out.reshape(*ids.shape, *pool.shape[2:])
 
 
 def write_token(pool: Array, page: Array, offset: Array, kv: Array) -> Array:
@@ -95,32 +88,54 @@ def paged_decode_attention(
     q: Array, pool: Array, table: Array, lengths: Array, window: int = 0
 ) -> Array:
     """q [W, H, h] of each slot's newest token (position lengths - 1), pool [N, page, 2E, h]
-    (or [r, N, page, 2E, h]: `PagedLayer`), table [W, Q] int32, lengths [W] int32 (>= 1:
-    tokens in the slot, the new one included) -> [W, H*h]. With `window` > 0 a token attends
-    only the `window` newest tokens (Gemma4's local layers, as `attend_cached`)."""
+    (or [r, N, page, 2E, h]: `PagedLayer`, each replica's slots over its own pool), table
+    [W, Q] int32, lengths [W] int32 (>= 1: tokens in the slot, the new one included) ->
+    [W, H*h]. With `window` > 0 a token attends only the `window` newest tokens (Gemma4's local
+    layers, as `attend_cached`)."""
+    slots, heads, h = q.shape
+    if pool.ndim == 4:
+        return _ragged_attention(q, pool, table, lengths, window)
+    replicas = pool.shape[0]
+    split = lambda x: x.reshape(replicas, slots // replicas, *x.shape[1:])  # noqa: E731
+    one = functools.partial(_ragged_attention, window=window)
+    return jax.vmap(one)(split(q), pool, split(table), split(lengths)).reshape(slots, -1)
+
+
+def _ragged_attention(q: Array, pool: Array, table: Array, lengths: Array, window: int) -> Array:
+    """`paged_decode_attention` over one pool [N, page, 2E, h]. The (slot, page) pairs every
+    slot holds (its live pages, from the window's first to its last) are laid end to end in
+    slot order and visited `CHUNK_PAGES` at a time, each pair's page against its own slot's
+    query; the chunk's scores fold into each slot's online softmax by segment reductions over
+    slots. Work follows the pages the slots hold, not slots x the longest slot."""
     slots, heads, h = q.shape
     page, e = pool.shape[-3], pool.shape[-2] // 2
     q = q.reshape(slots, e, heads // e, h) * jnp.asarray(h**-0.5, q.dtype)
     last = (lengths - 1) // page  # each slot's last page column
     first = jnp.maximum(lengths - window, 0) // page if window else jnp.zeros_like(lengths)
+    ends = jnp.cumsum(last - first + 1)  # [W]: the pairs of slots 0..w
+    segment = functools.partial(_segment, slots=slots)
 
-    def visit(j, carry):
+    def visit(i, carry):
         top, total, acc = carry  # [W, E, R] x2, [W, E, R, h]
-        column = jnp.clip(j, first, last)
-        ids = jnp.take_along_axis(table, column[:, None], axis=1)[:, 0]
-        block = _per_replica_pages(pool, ids).reshape(slots, page, e, 2, h)
-        keys, values = block[..., 0, :], block[..., 1, :]  # [W, page, E, h]
-        scores = jnp.einsum("werh,wpeh->werp", q, keys, preferred_element_type=jnp.float32)
-        position = j * page + jnp.arange(page)[None, :]  # [W, page]
-        live = (position < lengths[:, None]) & (j >= first)[:, None] & (j <= last)[:, None]
+        pair = i * CHUNK_PAGES + jnp.arange(CHUNK_PAGES)  # [K]
+        held = pair < ends[-1]
+        slot = jnp.minimum(jnp.searchsorted(ends, pair, side="right"), slots - 1)  # [K]
+        column = jnp.where(held, last[slot] - (ends[slot] - 1 - pair), last[slot])
+        pages = pool[table[slot, column]].reshape(CHUNK_PAGES, page, e, 2, h)
+        keys, values = pages[..., 0, :], pages[..., 1, :]  # [K, page, E, h]
+        scores = jnp.einsum("kerh,kpeh->kerp", q[slot], keys, preferred_element_type=jnp.float32)
+        position = column[:, None] * page + jnp.arange(page)[None, :]  # [K, page]
+        live = held[:, None] & (position < lengths[slot][:, None])
         if window:
-            live &= position >= lengths[:, None] - window
+            live &= position >= lengths[slot][:, None] - window
         scores = jnp.where(live[:, None, None], scores, -jnp.inf)
-        new_top = jnp.maximum(top, scores.max(-1))
-        probs = jnp.exp(scores - new_top[..., None])
+        owner = jnp.where(held, slot, slots)  # a pair past the last is dropped by the segments
+        new_top = jnp.maximum(top, segment(jax.ops.segment_max, scores.max(-1), owner))
+        probs = jnp.exp(scores - new_top[slot][..., None])
         decay = jnp.exp(top - new_top)
-        pv = jnp.einsum("werp,wpeh->werh", probs.astype(values.dtype), values)
-        return new_top, decay * total + probs.sum(-1), acc * decay[..., None] + pv
+        pv = jnp.einsum("kerp,kpeh->kerh", probs.astype(values.dtype), values)
+        total = decay * total + segment(jax.ops.segment_sum, probs.sum(-1), owner)
+        return new_top, total, acc * decay[..., None] + segment(jax.ops.segment_sum, pv, owner)
 
     rows = (slots, e, heads // e)
     init = (
@@ -128,5 +143,12 @@ def paged_decode_attention(
         jnp.zeros(rows, jnp.float32),
         jnp.zeros((*rows, h), jnp.float32),
     )
-    _, total, acc = jax.lax.fori_loop(first.min(), last.max() + 1, visit, init)
+    chunks = (ends[-1] + CHUNK_PAGES - 1) // CHUNK_PAGES
+    _, total, acc = jax.lax.fori_loop(0, chunks, visit, init)
     return (acc / total[..., None]).astype(q.dtype).reshape(slots, heads * h)
+
+
+def _segment(reduce: Callable, x: Array, owner: Array, *, slots: int) -> Array:
+    """x [K, ...] of pairs in slot order reduced per slot -> [W, ...]; an owner of `slots` is
+    dropped (a slot's NaN stays its own, as under a dense cache)."""
+    return reduce(x, owner, num_segments=slots, indices_are_sorted=True)
