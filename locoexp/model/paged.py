@@ -92,10 +92,9 @@ def paged_decode_attention(
     [W, Q] int32, lengths [W] int32 (>= 1: tokens in the slot, the new one included) ->
     [W, H*h]. With `window` > 0 a token attends only the `window` newest tokens (Gemma4's local
     layers, as `attend_cached`)."""
-    slots, heads, h = q.shape
     if pool.ndim == 4:
         return _ragged_attention(q, pool, table, lengths, window)
-    replicas = pool.shape[0]
+    slots, replicas = q.shape[0], pool.shape[0]
     split = lambda x: x.reshape(replicas, slots // replicas, *x.shape[1:])  # noqa: E731
     one = functools.partial(_ragged_attention, window=window)
     return jax.vmap(one)(split(q), pool, split(table), split(lengths)).reshape(slots, -1)
