@@ -2,7 +2,9 @@
 starts: one MoE layer's routed output (`moe.expert_outputs`) and its gradients with respect to
 the tokens, the routing weights and the expert stacks, on one device and under an (fsdp,
 expert) mesh at EP2 and EP4 with the trainer's layouts (tokens split over every device, the
-stacks along `expert`). Writes them to an .npz file (argument 1)."""
+stacks along `expert`); and the TPU weight gradient's kernel (`moe.weight_gradient`, in Pallas'
+interpreter) on one device and split over a 2 x 2 mesh. Writes them to an .npz file (argument
+1)."""
 
 import os
 import sys
@@ -17,7 +19,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
-from locoexp.model.moe import EXPERT, expert_mesh, expert_outputs  # noqa: E402
+from locoexp.model.moe import EXPERT, expert_mesh, expert_outputs, weight_gradient  # noqa: E402
 from locoexp.trainer.trainer import trainer_mesh  # noqa: E402
 
 E, D, WIDTH, N, K = 8, 16, 12, 32, 2  # experts, width, expert width, tokens, per token
@@ -57,9 +59,23 @@ def results(ep: int) -> dict[str, np.ndarray]:
     }
 
 
+def kernel_results() -> dict[str, np.ndarray]:
+    """300 rows (padded to 4 x 128 on the mesh), an empty group, 50 rows past the last."""
+    keys = jax.random.split(jax.random.key(1), 2)
+    rows, grad = jax.random.normal(keys[0], (300, D)), jax.random.normal(keys[1], (300, WIDTH))
+    sizes = jnp.asarray([40, 0, 100, 60, 50], jnp.int32)
+    one = weight_gradient(rows, grad, sizes, 5, interpret=True)
+    mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    with jax.set_mesh(mesh):
+        split = jax.jit(lambda r, g, s: weight_gradient(r, g, s, 5, interpret=True))(
+            rows, grad, sizes
+        )
+    return {"kernel/one": np.asarray(one), "kernel/split": np.asarray(split)}
+
+
 def main(path: str) -> None:
     out = {f"ep{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep).items()}
-    np.savez(path, **out)
+    np.savez(path, **out, **kernel_results())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,16 @@ def layer(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_the_tpu_weight_gradient_split_over_a_mesh_adds_to_one_devices(layer):
+    """`moe.weight_gradient` (megablox's tgmm, in Pallas' interpreter) with its rows split over
+    2 x 2 CPU devices, each device's share of each group its own rows': the shares' sum is the
+    one-device gradient."""
+    want = layer["kernel/one"]
+    assert np.abs(want).max() > 1e-3
+    np.testing.assert_allclose(layer["kernel/split"], want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("ep", [2, 4])
 def test_an_expert_parallel_moe_layer_equals_one_device_with_its_gradients(layer, ep):
     """Tokens split over every device of an (fsdp, expert) mesh, the stacks along `expert`:

@@ -4,9 +4,10 @@
 
 The cell is named as `tools/compile_paper_cells.py` prints it (a prefix is enough); the paper's
 layout (`trainer.accumulate=false`) as that tool compiles it; extra Hydra overrides go last
-(e.g. `trainer.remat=none`). Prints the trainer's shapes and XLA-TPU's argument, output, alias
-and temporary GiB per device of the train step alone at `layers` decoder layers, or XLA's
-refusal, and the compile seconds: the quick probe behind the per-layer figures in
+(e.g. `trainer.remat=none`). Prints the trainer's shapes and XLA-TPU's argument, output, alias,
+temporary and peak GiB per device (the peak, arguments included, is what a TPU program's
+footprint is read from: `ProgramMemory.footprint`) of the train step alone at `layers` decoder
+layers, or XLA's refusal, and the compile seconds: the quick probe behind the per-layer figures in
 experiments/LOG.md (session 23). Compiler figures for the TPU (libtpu, no TPU needed).
 """
 
@@ -58,8 +59,11 @@ def main() -> None:
     else:
         sizes = (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes)
         print(
-            "layers {}: argument {:.2f} output {:.2f} alias {:.2f} temp {:.2f} GiB".format(
-                args.layers, *(s / GIB for s in sizes), m.temp_size_in_bytes / GIB
+            "layers {}: argument {:.2f} output {:.2f} alias {:.2f} temp {:.2f} peak {:.2f} GiB".format(  # noqa: E501
+                args.layers,
+                *(s / GIB for s in sizes),
+                m.temp_size_in_bytes / GIB,
+                m.peak_memory_in_bytes / GIB,
             )
         )
     print(f"{time.perf_counter() - begin:.0f} s")

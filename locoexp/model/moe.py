@@ -5,7 +5,8 @@ the token is sent to its top-k experts with those probabilities as weights (reno
 to 1 when `normalize_top_k`, Qwen3-30B-A3B's `norm_topk_prob`), and its output is the weighted
 sum of the k experts' SwiGLU outputs. Computation is dropless: the N*k (token, expert) pairs are
 sorted by expert and each expert's contiguous run goes through one grouped matmul
-(`jax.lax.ragged_dot`), so only the routed pairs cost FLOPs and no token is dropped (parity with
+(`grouped_matmul`: `jax.lax.ragged_dot`, its weight gradient on TPU megablox's kernel), so
+only the routed pairs cost FLOPs, forward and backward, and no token is dropped (parity with
 transformers needs that). The routed tokens' buffer is [N*k, D] in, [N*k, I] inside, [N*k, D]
 out; the planner counts it (`locoexp/planner/estimate.py`).
 
@@ -60,10 +61,12 @@ def is_expert_stack(path: tuple) -> bool:
     return bool(names & EXPERT_STACKS) and not names & _PROJECTION_LEAVES
 
 
-def expert_mesh(mesh: Mesh) -> contextlib.AbstractContextManager:
+def expert_mesh(mesh: Mesh, moe: bool = False) -> contextlib.AbstractContextManager:
     """The context a program over `mesh` is traced in: `mesh` made ambient when it has an
-    expert axis (so `expert_outputs` finds it), nothing otherwise."""
-    return jax.set_mesh(mesh) if EXPERT in mesh.axis_names else contextlib.nullcontext()
+    expert axis (so `expert_outputs` finds it) or holds a mixture-of-experts model's gradient
+    (`moe`: `weight_gradient` maps its kernel over the mesh), nothing otherwise."""
+    ambient = EXPERT in mesh.axis_names or moe
+    return jax.set_mesh(mesh) if ambient else contextlib.nullcontext()
 
 
 def _expert_axis_size() -> int:
@@ -125,8 +128,19 @@ def expert_outputs(
         # it the transposed gather summed x's cotangent wrongly (jax 0.10.2, CPU; tests).
         x, weights = (jax.lax.pcast(v, EXPERT, to="varying") for v in (x, weights))
         first = jax.lax.axis_index(EXPERT) * gate.shape[0]
+        # plain ragged_dot: `grouped_matmul`'s TPU weight gradient maps the kernel over every
+        # mesh axis, and `expert` is already manual here; so on TPU an expert-parallel layer's
+        # weight gradient is still XLA's dense product (experiments/LOG.md, session 34)
         out = _local_outputs(
-            x, experts, weights, gate, up, down, first=first, activation=activation
+            x,
+            experts,
+            weights,
+            gate,
+            up,
+            down,
+            first=first,
+            activation=activation,
+            matmul=jax.lax.ragged_dot,
         )
         return jax.lax.psum(out, EXPERT)
 
@@ -140,9 +154,11 @@ def expert_outputs(
     )(x, experts, weights, gate, up, down)
 
 
-def _local_outputs(x, experts, weights, gate, up, down, *, first, activation) -> Array:
+def _local_outputs(x, experts, weights, gate, up, down, *, first, activation, matmul=None) -> Array:
     """The share of experts [first, first + len(gate)) of every routed pair: pairs routed to
-    other experts sort past the last group (ragged_dot leaves their rows zero) and weigh 0."""
+    other experts sort past the last group (the grouped matmul leaves their rows zero) and
+    weigh 0. `matmul`: the grouped matmul (default `grouped_matmul`)."""
+    matmul = matmul or grouped_matmul
     n, k = experts.shape
     local = gate.shape[0]
     ids = experts - first
@@ -152,13 +168,97 @@ def _local_outputs(x, experts, weights, gate, up, down, *, first, activation) ->
     token = order // k
     group_sizes = jnp.bincount(flat, length=local + 1)[:local].astype(jnp.int32)
     routed = x[token]  # [N*k, D]: the routed tokens' buffer
-    hidden = activation(jax.lax.ragged_dot(routed, gate, group_sizes)) * jax.lax.ragged_dot(
-        routed, up, group_sizes
-    )
-    out = jax.lax.ragged_dot(hidden, down, group_sizes)  # [N*k, D]
+    hidden = activation(matmul(routed, gate, group_sizes)) * matmul(routed, up, group_sizes)
+    out = matmul(hidden, down, group_sizes)  # [N*k, D]
     pair_weights = jnp.where(mine, weights, 0.0).reshape(-1)[order]
     out = out * pair_weights[:, None].astype(out.dtype)
     return jnp.zeros_like(x).at[token].add(out)
+
+
+@jax.custom_vjp
+def grouped_matmul(rows: Array, weights: Array, group_sizes: Array) -> Array:
+    """rows [M, D] grouped by expert (group g: the group_sizes[g] rows after those of groups
+    < g; rows past the last group give zeros) @ weights [G, D, F] -> [M, F]:
+    `jax.lax.ragged_dot`, with its weight gradient grouped on TPU too. XLA-TPU (libtpu 0.0.42)
+    runs ragged_dot and its row gradient as grouped products, but lowers the weight gradient
+    (a ragged contraction) as one dense product of every row with every expert: G times the
+    FLOPs (experiments/LOG.md, session 34). On TPU that gradient is megablox's `tgmm` (a
+    Pallas kernel in JAX, the one MaxText's MoE trainer uses); elsewhere ragged_dot's own."""
+    return jax.lax.ragged_dot(rows, weights, group_sizes)
+
+
+def _grouped_forward(rows: Array, weights: Array, group_sizes: Array):
+    return grouped_matmul(rows, weights, group_sizes), (rows, weights, group_sizes)
+
+
+def _grouped_backward(residuals, grad: Array):
+    rows, weights, group_sizes = residuals
+    grad_rows = jax.lax.ragged_dot(grad, weights.swapaxes(1, 2), group_sizes)
+
+    def xla(rows, grad, group_sizes):  # ragged_dot's own weight gradient
+        _, pullback = jax.vjp(lambda w: jax.lax.ragged_dot(rows, w, group_sizes), weights)
+        return pullback(grad)[0]
+
+    def tpu(rows, grad, group_sizes):
+        return weight_gradient(rows, grad, group_sizes, weights.shape[0]).astype(weights.dtype)
+
+    grad_weights = jax.lax.platform_dependent(rows, grad, group_sizes, tpu=tpu, default=xla)
+    return grad_rows.astype(rows.dtype), grad_weights.astype(weights.dtype), None
+
+
+grouped_matmul.defvjp(_grouped_forward, _grouped_backward)
+
+GMM_TILE_ROWS = 128  # megablox's row tile: rows are padded to a multiple of it
+
+
+def weight_gradient(
+    rows: Array, grad: Array, group_sizes: Array, groups: int, interpret: bool = False
+) -> Array:
+    """sum over group g's rows of rows^T grad -> [G, D, F] (float32), by megablox's `tgmm`.
+    A Pallas kernel is not partitioned by XLA, so on a mesh the rows are split over every
+    device (padded with zero rows, which add nothing), each device sums its rows' share of
+    each group, and an all-reduce adds the shares (the weights' gradient, as XLA's own
+    reduction of it over the data axes). `interpret`: Pallas' interpreter (the CPU tests)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = () if mesh.empty else tuple(mesh.axis_names)
+    devices = 1 if mesh.empty else mesh.size
+    if devices == 1:
+        return _tgmm(rows, grad, group_sizes, groups, interpret)
+    chunk = -(-rows.shape[0] // (devices * GMM_TILE_ROWS)) * GMM_TILE_ROWS
+    pad = ((0, devices * chunk - rows.shape[0]), (0, 0))
+    rows, grad = jnp.pad(rows, pad), jnp.pad(grad, pad)
+
+    def share(rows, grad, group_sizes):  # this device's `chunk` rows
+        start = jax.lax.axis_index(axes) * chunk
+        ends = jnp.cumsum(group_sizes)
+        mine = jnp.clip(ends - start, 0, chunk) - jnp.clip(ends - group_sizes - start, 0, chunk)
+        return jax.lax.psum(_tgmm(rows, grad, mine, groups, interpret), axes)
+
+    # check_vma=False: the kernel's group metadata (a histogram) does not trace on values
+    # typed as varying (jax 0.10.2); this map is a gradient's and is never differentiated
+    return jax.shard_map(
+        share,
+        mesh=mesh,
+        in_specs=(PS(axes), PS(axes), PS()),
+        out_specs=PS(),
+        check_vma=False,
+    )(rows, grad, group_sizes)
+
+
+def _tgmm(rows: Array, grad: Array, group_sizes: Array, groups: int, interpret: bool) -> Array:
+    """One device's `weight_gradient`. The kernel's rows must be a multiple of its row tile:
+    the padding and the rows past the last group form one more group, not computed."""
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm  # noqa: PLC0415  (Pallas)
+
+    m = rows.shape[0]
+    padded = -(-m // GMM_TILE_ROWS) * GMM_TILE_ROWS
+    if padded > m:
+        rows, grad = (jnp.pad(x, ((0, padded - m), (0, 0))) for x in (rows, grad))
+    rest = jnp.asarray(padded, jnp.int32) - group_sizes.sum()
+    sizes = jnp.concatenate([group_sizes.astype(jnp.int32), rest[None]])
+    tiling = (GMM_TILE_ROWS, min(512, rows.shape[1]), min(512, grad.shape[1]))
+    lhs = rows.swapaxes(0, 1)  # [D, M]
+    return tgmm(lhs, grad, sizes, jnp.float32, tiling, None, groups, None, interpret)
 
 
 class MoE(nnx.Module):
