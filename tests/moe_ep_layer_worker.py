@@ -70,7 +70,31 @@ def kernel_results() -> dict[str, np.ndarray]:
         split = jax.jit(lambda r, g, s: weight_gradient(r, g, s, 5, interpret=True))(
             rows, grad, sizes
         )
-    return {"kernel/one": np.asarray(one), "kernel/split": np.asarray(split)}
+    # inside the expert-parallel map (manual over `expert`, `fsdp` automatic): each expert
+    # device's own groups of the same rows, as a layer's gradient sees them
+    mesh = trainer_mesh(jax.devices(), 2)
+    local = jnp.asarray([[40, 0, 100], [60, 50, 20]], jnp.int32)  # 3 groups on each device
+
+    def own(r, g, s):
+        return weight_gradient(r, g, s[0], 3, interpret=True)
+
+    with jax.set_mesh(mesh):
+        in_map = jax.jit(
+            jax.shard_map(
+                own,
+                mesh=mesh,
+                in_specs=(PS(), PS(), PS(EXPERT)),
+                out_specs=PS(EXPERT),
+                axis_names={EXPERT},
+            )
+        )(rows, grad, local)
+    alone = [weight_gradient(rows, grad, local[i], 3, interpret=True) for i in range(2)]
+    return {
+        "kernel/one": np.asarray(one),
+        "kernel/split": np.asarray(split),
+        "kernel/in_expert_map": np.asarray(in_map),
+        "kernel/per_expert_device": np.concatenate([np.asarray(a) for a in alone]),
+    }
 
 
 def main(path: str) -> None:

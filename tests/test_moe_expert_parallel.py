@@ -38,6 +38,16 @@ def test_the_tpu_weight_gradient_split_over_a_mesh_adds_to_one_devices(layer):
 
 
 @pytest.mark.slow
+def test_the_tpu_weight_gradient_inside_the_expert_parallel_map(layer):
+    """Called where an expert-parallel layer's gradient calls it (a map manual over `expert`,
+    `fsdp` left to XLA): each expert device's gradient is its own groups', the rows split over
+    `fsdp` and summed."""
+    want = layer["kernel/per_expert_device"]
+    assert np.abs(want).max() > 1e-3
+    np.testing.assert_allclose(layer["kernel/in_expert_map"], want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("ep", [2, 4])
 def test_an_expert_parallel_moe_layer_equals_one_device_with_its_gradients(layer, ep):
     """Tokens split over every device of an (fsdp, expert) mesh, the stacks along `expert`:

@@ -22,7 +22,8 @@ and the engine), and `expert_outputs` runs under `jax.shard_map` manual over tha
 each device takes every token its expert group sees (GSPMD all-gathers tokens that are split
 over `expert`, as the trainer's rows are), computes its own experts' share of every routed pair
 (the pairs routed elsewhere are sorted past its groups and weigh 0) and one all-reduce over
-`expert` sums the shares. The other mesh axes stay automatic. It is dropless, as the one-device
+`expert` sums the shares. The other mesh axes stay automatic (on TPU the weight gradient's
+kernel is mapped over them, `weight_gradient`). It is dropless, as the one-device
 path: no capacity factor, so the routed buffer per device is every pair of the expert group's
 tokens, [N_group*k, D] (the plan's `_routed_bytes`).
 
@@ -35,6 +36,7 @@ Shapes: N tokens, D width, E experts, k experts per token, I expert width.
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -128,9 +130,6 @@ def expert_outputs(
         # it the transposed gather summed x's cotangent wrongly (jax 0.10.2, CPU; tests).
         x, weights = (jax.lax.pcast(v, EXPERT, to="varying") for v in (x, weights))
         first = jax.lax.axis_index(EXPERT) * gate.shape[0]
-        # plain ragged_dot: `grouped_matmul`'s TPU weight gradient maps the kernel over every
-        # mesh axis, and `expert` is already manual here; so on TPU an expert-parallel layer's
-        # weight gradient is still XLA's dense product (experiments/LOG.md, session 34)
         out = _local_outputs(
             x,
             experts,
@@ -140,7 +139,6 @@ def expert_outputs(
             down,
             first=first,
             activation=activation,
-            matmul=jax.lax.ragged_dot,
         )
         return jax.lax.psum(out, EXPERT)
 
@@ -154,11 +152,10 @@ def expert_outputs(
     )(x, experts, weights, gate, up, down)
 
 
-def _local_outputs(x, experts, weights, gate, up, down, *, first, activation, matmul=None) -> Array:
+def _local_outputs(x, experts, weights, gate, up, down, *, first, activation) -> Array:
     """The share of experts [first, first + len(gate)) of every routed pair: pairs routed to
     other experts sort past the last group (the grouped matmul leaves their rows zero) and
-    weigh 0. `matmul`: the grouped matmul (default `grouped_matmul`)."""
-    matmul = matmul or grouped_matmul
+    weigh 0."""
     n, k = experts.shape
     local = gate.shape[0]
     ids = experts - first
@@ -168,8 +165,9 @@ def _local_outputs(x, experts, weights, gate, up, down, *, first, activation, ma
     token = order // k
     group_sizes = jnp.bincount(flat, length=local + 1)[:local].astype(jnp.int32)
     routed = x[token]  # [N*k, D]: the routed tokens' buffer
-    hidden = activation(matmul(routed, gate, group_sizes)) * matmul(routed, up, group_sizes)
-    out = matmul(hidden, down, group_sizes)  # [N*k, D]
+    hidden = activation(grouped_matmul(routed, gate, group_sizes))
+    hidden = hidden * grouped_matmul(routed, up, group_sizes)
+    out = grouped_matmul(hidden, down, group_sizes)  # [N*k, D]
     pair_weights = jnp.where(mine, weights, 0.0).reshape(-1)[order]
     out = out * pair_weights[:, None].astype(out.dtype)
     return jnp.zeros_like(x).at[token].add(out)
@@ -220,29 +218,34 @@ def weight_gradient(
     each group, and an all-reduce adds the shares (the weights' gradient, as XLA's own
     reduction of it over the data axes). `interpret`: Pallas' interpreter (the CPU tests)."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = () if mesh.empty else tuple(mesh.axis_names)
-    devices = 1 if mesh.empty else mesh.size
-    if devices == 1:
+    manual = set() if mesh.empty else set(mesh.manual_axes)
+    axes = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in manual)
+    devices = math.prod(mesh.shape[a] for a in axes)
+    if not manual and devices == 1:
         return _tgmm(rows, grad, group_sizes, groups, interpret)
     chunk = -(-rows.shape[0] // (devices * GMM_TILE_ROWS)) * GMM_TILE_ROWS
     pad = ((0, devices * chunk - rows.shape[0]), (0, 0))
     rows, grad = jnp.pad(rows, pad), jnp.pad(grad, pad)
 
     def share(rows, grad, group_sizes):  # this device's `chunk` rows
-        start = jax.lax.axis_index(axes) * chunk
+        start = jax.lax.axis_index(axes) * chunk if axes else 0
         ends = jnp.cumsum(group_sizes)
         mine = jnp.clip(ends - start, 0, chunk) - jnp.clip(ends - group_sizes - start, 0, chunk)
-        return jax.lax.psum(_tgmm(rows, grad, mine, groups, interpret), axes)
+        part = _tgmm(rows, grad, mine, groups, interpret)
+        return jax.lax.psum(part, axes) if axes else part
 
+    # Over the axes not already manual (inside the expert-parallel map: all but `expert`).
     # check_vma=False: the kernel's group metadata (a histogram) does not trace on values
-    # typed as varying (jax 0.10.2); this map is a gradient's and is never differentiated
-    return jax.shard_map(
+    # typed as varying (jax 0.10.2); this map is a gradient's and is never differentiated.
+    out = jax.shard_map(
         share,
         mesh=mesh,
-        in_specs=(PS(axes), PS(axes), PS()),
+        in_specs=(PS(axes or None), PS(axes or None), PS()),
         out_specs=PS(),
+        axis_names=set(axes),
         check_vma=False,
     )(rows, grad, group_sizes)
+    return jax.lax.pcast(out, tuple(manual), to="varying") if manual else out
 
 
 def _tgmm(rows: Array, grad: Array, group_sizes: Array, groups: int, interpret: bool) -> Array:
