@@ -2,9 +2,11 @@
 starts: one MoE layer's routed output (`moe.expert_outputs`) and its gradients with respect to
 the tokens, the routing weights and the expert stacks, on one device and under an (fsdp,
 expert) mesh at EP2 and EP4 with the trainer's layouts (tokens split over every device, the
-stacks along `expert`); and the TPU weight gradient's kernel (`moe.weight_gradient`, in Pallas'
-interpreter) on one device and split over a 2 x 2 mesh. Writes them to an .npz file (argument
-1)."""
+stacks along `expert`), and the same with each device routing its own tokens (the trainer's
+`expert_mesh(mesh, rows_split=True)`: FSDP alone, EP2 and EP4); and the TPU weight
+gradient's kernel (`moe.weight_gradient`, in Pallas' interpreter) on one device, split over a
+2 x 2 mesh. Writes them to an .npz file
+(argument 1)."""
 
 import os
 import sys
@@ -40,18 +42,18 @@ def loss(x, weights, gate, up, down, experts):
     return jnp.sum(out * jnp.cos(jnp.arange(D))), out
 
 
-def results(ep: int) -> dict[str, np.ndarray]:
+def results(ep: int, rows_split: bool = False) -> dict[str, np.ndarray]:
     x, weights, gate, up, down, experts = inputs()
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
-    if ep == 1:
+    if ep == 1 and not rows_split:
         (_, out), grads = grad(x, weights, gate, up, down, experts)
     else:
         mesh = trainer_mesh(jax.devices(), ep)
-        tokens = NamedSharding(mesh, PS(("fsdp", EXPERT)))
-        stacks = NamedSharding(mesh, PS(EXPERT))
+        tokens = NamedSharding(mesh, PS(tuple(mesh.axis_names)))
+        stacks = NamedSharding(mesh, PS(EXPERT) if ep > 1 else PS())
         placed = [jax.device_put(v, tokens) for v in (x, weights)]
         placed += [jax.device_put(v, stacks) for v in (gate, up, down)]
-        with expert_mesh(mesh):
+        with expert_mesh(mesh, rows_split=rows_split):
             (_, out), grads = grad(*placed, jax.device_put(experts, tokens))
     names = ("x", "weights", "gate", "up", "down")
     return {"out": np.asarray(out)} | {
@@ -70,35 +72,15 @@ def kernel_results() -> dict[str, np.ndarray]:
         split = jax.jit(lambda r, g, s: weight_gradient(r, g, s, 5, interpret=True))(
             rows, grad, sizes
         )
-    # inside the expert-parallel map (manual over `expert`, `fsdp` automatic): each expert
-    # device's own groups of the same rows, as a layer's gradient sees them
-    mesh = trainer_mesh(jax.devices(), 2)
-    local = jnp.asarray([[40, 0, 100], [60, 50, 20]], jnp.int32)  # 3 groups on each device
-
-    def own(r, g, s):
-        return weight_gradient(r, g, s[0], 3, interpret=True)
-
-    with jax.set_mesh(mesh):
-        in_map = jax.jit(
-            jax.shard_map(
-                own,
-                mesh=mesh,
-                in_specs=(PS(), PS(), PS(EXPERT)),
-                out_specs=PS(EXPERT),
-                axis_names={EXPERT},
-            )
-        )(rows, grad, local)
-    alone = [weight_gradient(rows, grad, local[i], 3, interpret=True) for i in range(2)]
     return {
         "kernel/one": np.asarray(one),
         "kernel/split": np.asarray(split),
-        "kernel/in_expert_map": np.asarray(in_map),
-        "kernel/per_expert_device": np.concatenate([np.asarray(a) for a in alone]),
     }
 
 
 def main(path: str) -> None:
     out = {f"ep{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep).items()}
+    out |= {f"split{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep, True).items()}
     np.savez(path, **out, **kernel_results())
 
 

@@ -28,6 +28,18 @@ def layer(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_each_device_routing_its_own_tokens_equals_one_device(layer, ep):
+    """The trainer's layer (`expert_mesh(mesh, rows_split=True)`): one map over every axis of
+    the (fsdp[, expert]) mesh, each device sorting its own tokens (under EP: its expert group's),
+    gives one device's output and gradients."""
+    for key in ("out", "grad_x", "grad_weights", "grad_gate", "grad_up", "grad_down"):
+        want = layer[f"ep1/{key}"]
+        got = layer[f"split{ep}/{key}"]
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
 def test_the_tpu_weight_gradient_split_over_a_mesh_adds_to_one_devices(layer):
     """`moe.weight_gradient` (megablox's tgmm, in Pallas' interpreter) with its rows split over
     2 x 2 CPU devices, each device's share of each group its own rows': the shares' sum is the
@@ -35,16 +47,6 @@ def test_the_tpu_weight_gradient_split_over_a_mesh_adds_to_one_devices(layer):
     want = layer["kernel/one"]
     assert np.abs(want).max() > 1e-3
     np.testing.assert_allclose(layer["kernel/split"], want, atol=1e-4, rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_the_tpu_weight_gradient_inside_the_expert_parallel_map(layer):
-    """Called where an expert-parallel layer's gradient calls it (a map manual over `expert`,
-    `fsdp` left to XLA): each expert device's gradient is its own groups', the rows split over
-    `fsdp` and summed."""
-    want = layer["kernel/per_expert_device"]
-    assert np.abs(want).max() > 1e-3
-    np.testing.assert_allclose(layer["kernel/in_expert_map"], want, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -35,8 +35,8 @@ Shapes: N tokens, D width, E experts, k experts per token, I expert width.
 """
 
 import contextlib
+import contextvars
 import dataclasses
-import math
 from collections.abc import Callable
 
 import jax
@@ -63,12 +63,28 @@ def is_expert_stack(path: tuple) -> bool:
     return bool(names & EXPERT_STACKS) and not names & _PROJECTION_LEAVES
 
 
-def expert_mesh(mesh: Mesh, moe: bool = False) -> contextlib.AbstractContextManager:
+def expert_mesh(mesh: Mesh, rows_split: bool = False) -> contextlib.AbstractContextManager:
     """The context a program over `mesh` is traced in: `mesh` made ambient when it has an
-    expert axis (so `expert_outputs` finds it) or holds a mixture-of-experts model's gradient
-    (`moe`: `weight_gradient` maps its kernel over the mesh), nothing otherwise."""
-    ambient = EXPERT in mesh.axis_names or moe
-    return jax.set_mesh(mesh) if ambient else contextlib.nullcontext()
+    expert axis (so `expert_outputs` finds it) or when `rows_split` (the trainer's programs,
+    whose rows are split over every device of `mesh`: each device then routes its own tokens,
+    `expert_outputs`), nothing otherwise."""
+    if not (EXPERT in mesh.axis_names or rows_split):
+        return contextlib.nullcontext()
+    return _with_rows_split(mesh, rows_split)
+
+
+@contextlib.contextmanager
+def _with_rows_split(mesh: Mesh, rows_split: bool):
+    token = _ROWS_SPLIT.set(rows_split)
+    try:
+        with jax.set_mesh(mesh):
+            yield
+    finally:
+        _ROWS_SPLIT.reset(token)
+
+
+# Whether the ambient mesh's programs hold their tokens split over every device (`expert_mesh`)
+_ROWS_SPLIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rows_split", default=False)
 
 
 def _expert_axis_size() -> int:
@@ -122,6 +138,9 @@ def expert_outputs(
     gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4). Under an ambient `expert` axis,
     each device computes its E/ep experts' share and an all-reduce sums them."""
     ep = _expert_axis_size()
+    mesh = jax.sharding.get_abstract_mesh()
+    if _ROWS_SPLIT.get() and not mesh.empty and mesh.size > 1:
+        return _routed_per_device(x, experts, weights, gate, up, down, activation=activation)
     if ep == 1:
         return _local_outputs(x, experts, weights, gate, up, down, first=0, activation=activation)
 
@@ -149,6 +168,43 @@ def expert_outputs(
         in_specs=(PS(), PS(), PS(), split, split, split),
         out_specs=PS(),
         axis_names={EXPERT},
+    )(x, experts, weights, gate, up, down)
+
+
+def _routed_per_device(x, experts, weights, gate, up, down, *, activation) -> Array:
+    """`expert_outputs` of the trainer, whose tokens are split over every device of the
+    ambient mesh: one map over all its axes, in which each device routes, sorts and computes
+    its own tokens (left to XLA, the sort and the routed buffer were every device's tokens on
+    every device: the expert MLPs computed once per device; experiments/LOG.md, session 34).
+    Under an `expert` axis each device gathers the tokens of its expert group, computes its
+    E/ep experts' share of them, and a reduce-scatter over `expert` sums the shares back onto
+    the tokens' own devices. The stacks come in whole along every other axis (FSDP gathers
+    them, as for a dense MLP)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(mesh.axis_names)
+    ep = mesh.shape[EXPERT] if EXPERT in axes else 1
+
+    def shard(x, experts, weights, gate, up, down):
+        first = 0
+        if ep > 1:
+            gather = lambda v: jax.lax.all_gather(v, EXPERT, tiled=True)  # noqa: E731
+            x, experts, weights = gather(x), gather(experts), gather(weights)
+            first = jax.lax.axis_index(EXPERT) * gate.shape[0]
+        out = _local_outputs(
+            x, experts, weights, gate, up, down, first=first, activation=activation
+        )
+        return jax.lax.psum_scatter(out, EXPERT, tiled=True) if ep > 1 else out
+
+    tokens, stacks = PS(axes), PS(EXPERT) if ep > 1 else PS()
+    return jax.shard_map(
+        shard,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, stacks, stacks, stacks),
+        out_specs=tokens,
+        # the kernel of the stacks' gradient (`weight_gradient`) does not trace on values
+        # typed as varying (jax 0.10.2); untyped, the map's transpose still sums the
+        # gradient of an operand every device holds whole (the stacks along `fsdp`; tests)
+        check_vma=False,
     )(x, experts, weights, gate, up, down)
 
 
@@ -200,7 +256,13 @@ def _grouped_backward(residuals, grad: Array):
     def tpu(rows, grad, group_sizes):
         return weight_gradient(rows, grad, group_sizes, weights.shape[0]).astype(weights.dtype)
 
-    grad_weights = jax.lax.platform_dependent(rows, grad, group_sizes, tpu=tpu, default=xla)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and 0 < len(mesh.manual_axes) < len(mesh.axis_names):
+        # a map over some axes only (the engine's expert-parallel layer, `expert_outputs`):
+        # the kernel cannot run with the others left to XLA, and no trainer differentiates it
+        grad_weights = xla(rows, grad, group_sizes)
+    else:
+        grad_weights = jax.lax.platform_dependent(rows, grad, group_sizes, tpu=tpu, default=xla)
     return grad_rows.astype(rows.dtype), grad_weights.astype(weights.dtype), None
 
 
@@ -213,39 +275,34 @@ def weight_gradient(
     rows: Array, grad: Array, group_sizes: Array, groups: int, interpret: bool = False
 ) -> Array:
     """sum over group g's rows of rows^T grad -> [G, D, F] (float32), by megablox's `tgmm`.
-    A Pallas kernel is not partitioned by XLA, so on a mesh the rows are split over every
-    device (padded with zero rows, which add nothing), each device sums its rows' share of
-    each group, and an all-reduce adds the shares (the weights' gradient, as XLA's own
-    reduction of it over the data axes). `interpret`: Pallas' interpreter (the CPU tests)."""
+    A Pallas kernel is not partitioned by XLA. Inside a map over every mesh axis (the trainer's
+    layer, `_routed_per_device`) each device computes its own rows' share; under an ambient
+    mesh with no map the rows are split over every device here (padded with zero rows, which
+    add nothing) and an all-reduce adds the shares. Not inside a map over some axes only
+    (`grouped_matmul` keeps ragged_dot's gradient there). `interpret`: Pallas' interpreter
+    (the CPU tests)."""
     mesh = jax.sharding.get_abstract_mesh()
-    manual = set() if mesh.empty else set(mesh.manual_axes)
-    axes = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in manual)
-    devices = math.prod(mesh.shape[a] for a in axes)
-    if not manual and devices == 1:
+    manual = () if mesh.empty else mesh.manual_axes
+    if mesh.empty or mesh.size == 1 or len(manual) == len(mesh.axis_names):
         return _tgmm(rows, grad, group_sizes, groups, interpret)
-    chunk = -(-rows.shape[0] // (devices * GMM_TILE_ROWS)) * GMM_TILE_ROWS
-    pad = ((0, devices * chunk - rows.shape[0]), (0, 0))
+    if manual:
+        raise ValueError(f"weight_gradient in a map over {manual} of {mesh.axis_names} only")
+    axes = tuple(mesh.axis_names)
+    chunk = -(-rows.shape[0] // (mesh.size * GMM_TILE_ROWS)) * GMM_TILE_ROWS
+    pad = ((0, mesh.size * chunk - rows.shape[0]), (0, 0))
     rows, grad = jnp.pad(rows, pad), jnp.pad(grad, pad)
 
     def share(rows, grad, group_sizes):  # this device's `chunk` rows
-        start = jax.lax.axis_index(axes) * chunk if axes else 0
+        start = jax.lax.axis_index(axes) * chunk
         ends = jnp.cumsum(group_sizes)
         mine = jnp.clip(ends - start, 0, chunk) - jnp.clip(ends - group_sizes - start, 0, chunk)
-        part = _tgmm(rows, grad, mine, groups, interpret)
-        return jax.lax.psum(part, axes) if axes else part
+        return jax.lax.psum(_tgmm(rows, grad, mine, groups, interpret), axes)
 
-    # Over the axes not already manual (inside the expert-parallel map: all but `expert`).
     # check_vma=False: the kernel's group metadata (a histogram) does not trace on values
-    # typed as varying (jax 0.10.2); this map is a gradient's and is never differentiated.
-    out = jax.shard_map(
-        share,
-        mesh=mesh,
-        in_specs=(PS(axes or None), PS(axes or None), PS()),
-        out_specs=PS(),
-        axis_names=set(axes),
-        check_vma=False,
+    # typed as varying (jax 0.10.2); this map is a gradient's and is never differentiated
+    return jax.shard_map(
+        share, mesh=mesh, in_specs=(PS(axes), PS(axes), PS()), out_specs=PS(), check_vma=False
     )(rows, grad, group_sizes)
-    return jax.lax.pcast(out, tuple(manual), to="varying") if manual else out
 
 
 def _tgmm(rows: Array, grad: Array, group_sizes: Array, groups: int, interpret: bool) -> Array:
