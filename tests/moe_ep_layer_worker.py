@@ -3,7 +3,7 @@ starts: one MoE layer's routed output (`moe.expert_outputs`) and its gradients w
 the tokens, the routing weights and the expert stacks, on one device and under an (fsdp,
 expert) mesh at EP2 and EP4 with the trainer's layouts (tokens split over every device, the
 stacks along `expert`), and the same with each device routing its own tokens (the trainer's
-`expert_mesh(mesh, rows_split=True)`: FSDP alone, EP2 and EP4); and the TPU weight
+`expert_mesh(mesh, token_axes=<every axis>)`: FSDP alone, EP2 and EP4); and the TPU weight
 gradient's kernel (`moe.weight_gradient`, in Pallas' interpreter) on one device, split over a
 2 x 2 mesh. Writes them to an .npz file
 (argument 1)."""
@@ -53,7 +53,7 @@ def results(ep: int, rows_split: bool = False) -> dict[str, np.ndarray]:
         stacks = NamedSharding(mesh, PS(EXPERT) if ep > 1 else PS())
         placed = [jax.device_put(v, tokens) for v in (x, weights)]
         placed += [jax.device_put(v, stacks) for v in (gate, up, down)]
-        with expert_mesh(mesh, rows_split=rows_split):
+        with expert_mesh(mesh, tuple(mesh.axis_names) if rows_split else ()):
             (_, out), grads = grad(*placed, jax.device_put(experts, tokens))
     names = ("x", "weights", "gate", "up", "down")
     return {"out": np.asarray(out)} | {

@@ -30,7 +30,7 @@ def layer(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_each_device_routing_its_own_tokens_equals_one_device(layer, ep):
-    """The trainer's layer (`expert_mesh(mesh, rows_split=True)`): one map over every axis of
+    """The trainer's layer (`expert_mesh(mesh, <every axis>)`): one map over every axis of
     the (fsdp[, expert]) mesh, each device sorting its own tokens (under EP: its expert group's),
     gives one device's output and gradients."""
     for key in ("out", "grad_x", "grad_weights", "grad_gate", "grad_up", "grad_down"):

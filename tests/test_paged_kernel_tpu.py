@@ -22,7 +22,6 @@ from locoexp.compiled import programs, topology
 from locoexp.compiled.verdict import run_shapes
 from locoexp.compose import compose_config
 from locoexp.model import paged_kernel
-from locoexp.model.moe import expert_mesh
 
 # A tiny model whose heads the kernel takes (head_dim 128), at a few rows: each compile ~10 s
 TINY_128 = ["model=tiny", "model.head_dim=128", "dataset.prompts_per_step=2"]
@@ -56,7 +55,7 @@ def test_the_paged_decode_program_compiles_the_kernel_for_every_tpu_generation(
     _, devices = programs.role_devices(shapes, topology.topology_devices(config.hardware))
     engine = programs.build_engine(shapes, shapes.model, devices)
     assert engine.slot_programs.paged_kernel is not None
-    with expert_mesh(engine.mesh):
+    with engine.slot_programs.traced():
         text = programs.engine_lowerings(shapes, engine)["decode"]().compile().as_text()
     assert text.count("tpu_custom_call") == config.model.num_layers, text[-2000:]
     kernel_calls = [line for line in text.splitlines() if "ragged_paged_attention" in line]

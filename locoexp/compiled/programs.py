@@ -33,7 +33,6 @@ from locoexp.adapter.config import AdapterConfig
 from locoexp.algo.config import AlgoConfig
 from locoexp.layout import Layout
 from locoexp.model.config import ModelConfig
-from locoexp.model.moe import expert_mesh
 from locoexp.model.transformer import Transformer, blocks_scan
 from locoexp.placement.multihost import replicator
 from locoexp.planner.plan import Plan
@@ -218,7 +217,7 @@ def _abstract_requests(rows: int, prompt_len: int, replicated) -> tuple[decode.R
 
 def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable[[], Any]]:
     """The engine's programs at the plan's capacity, each a function lowering it (call it
-    under `expert_mesh(engine.mesh)`): one wave (waves), or every request of the step through
+    under `engine.slot_programs.traced()`): one wave (waves), or every request of the step through
     the slots (continuous) and the first compaction."""
     e, plan = shapes.plan.engine_shape, shapes.plan
     continuous = shapes.rollout.scheduler is Scheduler.continuous
@@ -236,7 +235,7 @@ def engine_lowerings(shapes: RunShapes, engine: JaxEngine) -> dict[str, Callable
     widths = scheduling.slot_widths(width, engine.replicas) if continuous else [width]
     floor = widths[1] if len(widths) > 1 else 0
     start = slots.jit("start", static)
-    with expert_mesh(engine.mesh):
+    with engine.slot_programs.traced():
         state = jax.eval_shape(start, engine.params, placed, key)
     run = slots.jit("run", (*static, floor, continuous))
     out = {
@@ -257,14 +256,14 @@ def lower_decode_iteration(engine: JaxEngine, call: scheduling.Call, rows: int) 
     slots = engine.slot_programs
     requests, key = _abstract_requests(rows, call.prompt_len, slots.replicated)
     static = (call, rows, rows)
-    with expert_mesh(engine.mesh):
+    with engine.slot_programs.traced():
         state = jax.eval_shape(slots.jit("start", static), engine.params, requests, key)
         return slots.jit("iteration", static).lower(engine.params, state, requests)
 
 
 def engine_programs(shapes: RunShapes, engine: JaxEngine) -> list[ProgramMemory]:
     """The engine's programs (`engine_lowerings`) compiled."""
-    with expert_mesh(engine.mesh):
+    with engine.slot_programs.traced():
         return [
             _compiled("engine", name, lower, engine.mesh)
             for name, lower in engine_lowerings(shapes, engine).items()

@@ -63,28 +63,31 @@ def is_expert_stack(path: tuple) -> bool:
     return bool(names & EXPERT_STACKS) and not names & _PROJECTION_LEAVES
 
 
-def expert_mesh(mesh: Mesh, rows_split: bool = False) -> contextlib.AbstractContextManager:
+def expert_mesh(mesh: Mesh, token_axes: tuple[str, ...] = ()) -> contextlib.AbstractContextManager:
     """The context a program over `mesh` is traced in: `mesh` made ambient when it has an
-    expert axis (so `expert_outputs` finds it) or when `rows_split` (the trainer's programs,
-    whose rows are split over every device of `mesh`: each device then routes its own tokens,
-    `expert_outputs`), nothing otherwise."""
-    if not (EXPERT in mesh.axis_names or rows_split):
+    expert axis (so `expert_outputs` finds it) or when `token_axes` name the axes the program's
+    tokens are split over (the trainer's: every axis; the engine's: its data-parallel replicas),
+    so that each device (or replica) routes its own tokens (`expert_outputs`); nothing
+    otherwise."""
+    if not (EXPERT in mesh.axis_names or token_axes):
         return contextlib.nullcontext()
-    return _with_rows_split(mesh, rows_split)
+    return _with_token_axes(mesh, tuple(token_axes))
 
 
 @contextlib.contextmanager
-def _with_rows_split(mesh: Mesh, rows_split: bool):
-    token = _ROWS_SPLIT.set(rows_split)
+def _with_token_axes(mesh: Mesh, token_axes: tuple[str, ...]):
+    token = _TOKEN_AXES.set(token_axes)
     try:
         with jax.set_mesh(mesh):
             yield
     finally:
-        _ROWS_SPLIT.reset(token)
+        _TOKEN_AXES.reset(token)
 
 
-# Whether the ambient mesh's programs hold their tokens split over every device (`expert_mesh`)
-_ROWS_SPLIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rows_split", default=False)
+# The axes of the ambient mesh its program's tokens are split over (`expert_mesh`)
+_TOKEN_AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "token_axes", default=()
+)
 
 
 def _expert_axis_size() -> int:
@@ -139,8 +142,11 @@ def expert_outputs(
     each device computes its E/ep experts' share and an all-reduce sums them."""
     ep = _expert_axis_size()
     mesh = jax.sharding.get_abstract_mesh()
-    if _ROWS_SPLIT.get() and not mesh.empty and mesh.size > 1:
-        return _routed_per_device(x, experts, weights, gate, up, down, activation=activation)
+    token_axes = _TOKEN_AXES.get()
+    if token_axes and not mesh.empty and mesh.size > 1:
+        return _routed_per_device(
+            x, experts, weights, gate, up, down, token_axes=token_axes, activation=activation
+        )
     if ep == 1:
         return _local_outputs(x, experts, weights, gate, up, down, first=0, activation=activation)
 
@@ -171,36 +177,40 @@ def expert_outputs(
     )(x, experts, weights, gate, up, down)
 
 
-def _routed_per_device(x, experts, weights, gate, up, down, *, activation) -> Array:
-    """`expert_outputs` of the trainer, whose tokens are split over every device of the
-    ambient mesh: one map over all its axes, in which each device routes, sorts and computes
-    its own tokens (left to XLA, the sort and the routed buffer were every device's tokens on
-    every device: the expert MLPs computed once per device; experiments/LOG.md, session 34).
-    Under an `expert` axis each device gathers the tokens of its expert group, computes its
-    E/ep experts' share of them, and a reduce-scatter over `expert` sums the shares back onto
-    the tokens' own devices. The stacks come in whole along every other axis (FSDP gathers
-    them, as for a dense MLP)."""
+def _routed_per_device(x, experts, weights, gate, up, down, *, token_axes, activation) -> Array:
+    """`expert_outputs` of a program whose tokens are split over `token_axes` of the ambient
+    mesh: one map over those axes (and `expert`), in which each device routes, sorts and
+    computes its own tokens (left to XLA, the sort and the routed buffer were every device's
+    tokens on every device: the expert MLPs computed once per device; experiments/LOG.md,
+    session 34). Under an `expert` axis the trainer's tokens are split over it too: each device
+    gathers its expert group's tokens, computes its E/ep experts' share of them, and a
+    reduce-scatter over `expert` sums the shares back; the engine's tokens are the same on a
+    replica's expert devices: each computes its experts' share and an all-reduce sums them. The
+    stacks come in whole along every other axis (FSDP gathers them, as for a dense MLP)."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(mesh.axis_names)
-    ep = mesh.shape[EXPERT] if EXPERT in axes else 1
+    ep = mesh.shape[EXPERT] if EXPERT in mesh.axis_names else 1
+    gathered = ep > 1 and EXPERT in token_axes
+    manual = set(token_axes) | ({EXPERT} if ep > 1 else set())
 
     def shard(x, experts, weights, gate, up, down):
-        first = 0
-        if ep > 1:
+        first = jax.lax.axis_index(EXPERT) * gate.shape[0] if ep > 1 else 0
+        if gathered:
             gather = lambda v: jax.lax.all_gather(v, EXPERT, tiled=True)  # noqa: E731
             x, experts, weights = gather(x), gather(experts), gather(weights)
-            first = jax.lax.axis_index(EXPERT) * gate.shape[0]
         out = _local_outputs(
             x, experts, weights, gate, up, down, first=first, activation=activation
         )
-        return jax.lax.psum_scatter(out, EXPERT, tiled=True) if ep > 1 else out
+        if gathered:
+            return jax.lax.psum_scatter(out, EXPERT, tiled=True)
+        return jax.lax.psum(out, EXPERT) if ep > 1 else out
 
-    tokens, stacks = PS(axes), PS(EXPERT) if ep > 1 else PS()
+    tokens, stacks = PS(token_axes), PS(EXPERT) if ep > 1 else PS()
     return jax.shard_map(
         shard,
         mesh=mesh,
         in_specs=(tokens, tokens, tokens, stacks, stacks, stacks),
         out_specs=tokens,
+        axis_names=manual,
         # the kernel of the stacks' gradient (`weight_gradient`) does not trace on values
         # typed as varying (jax 0.10.2); untyped, the map's transpose still sums the
         # gradient of an operand every device holds whole (the stacks along `fsdp`; tests)

@@ -169,6 +169,7 @@ class JaxEngine:
             eos_id=eos_id,
             pad_id=pad_id,
             paged=page_layout(config),
+            moe=self.model_config.moe,
         )
         self._abstract = shapes  # the params' structure, for a per-layer load after a release
         if abstract:

@@ -89,12 +89,14 @@ class SlotPrograms:
 
     def __init__(
         self, graphdef, mesh: Mesh, *, layers: int, cache_heads: int, vocab_shards: int, eos_id,
-        pad_id, paged: PageLayout | None = None,
+        pad_id, paged: PageLayout | None = None, moe: bool = False,
     ):  # fmt: skip
-        """paged: the slots keep a paged cache of this layout (`rollout.kv_cache=paged`)."""
+        """paged: the slots keep a paged cache of this layout (`rollout.kv_cache=paged`); moe:
+        the model is a mixture of experts (each replica routes its own slots, `traced`)."""
         self.graphdef, self.mesh, self.layers, self.paged = graphdef, mesh, layers, paged
         self.cache_heads, self.eos_id, self.pad_id = cache_heads, eos_id, pad_id
         self.vocab_shards = vocab_shards
+        self.moe = moe
         self.replicated = NamedSharding(mesh, PS())
         # a paged cache on TPU attends with the ragged paged attention kernel (issue 42)
         self.paged_kernel = paged_kernel_for(mesh, data=sharding.DATA, tensor=sharding.TENSOR)
@@ -104,10 +106,15 @@ class SlotPrograms:
     def replicas(self) -> int:
         return self.mesh.shape[sharding.DATA]
 
+    def traced(self):
+        """The context the programs are traced in: a mixture of experts' layers find the
+        expert axis and route each data-parallel replica's own slots (`moe.expert_mesh`)."""
+        return expert_mesh(self.mesh, (sharding.DATA,) if self.moe else ())
+
     def program(self, kind: str, static: tuple, *args):
         """The compiled `kind` program of `static` settings, compiled on first use."""
         if (kind, static) not in self._compiled:
-            with expert_mesh(self.mesh):  # traced where MoE layers find the expert axis
+            with self.traced():
                 lowered = self.jit(kind, static).lower(*args)
             self._compiled[kind, static] = lowered.compile()
         return self._compiled[kind, static]

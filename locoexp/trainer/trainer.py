@@ -217,6 +217,8 @@ class Trainer:
         self.algo, self.config, self.mesh = algo, config, mesh
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.moe, self.router_aux_loss_coef = model.config.moe, model.config.router_aux_loss_coef
+        # a mixture of experts routes each device's own tokens (rows split over every device)
+        self._token_axes = tuple(mesh.axis_names) if self.moe else ()
         owners = [d.process_index for d in mesh.devices.flat]
         if owners != sorted(owners):
             raise ValueError("the trainer mesh must list each process's devices contiguously")
@@ -484,7 +486,7 @@ class Trainer:
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns host-side scalar metrics."""
         placed = self.device_batch(batch)
-        with expert_mesh(self.mesh, rows_split=self.moe):
+        with expert_mesh(self.mesh, self._token_axes):
             self.trainable, self.opt_state, metrics = self._step(
                 self.trainable, self.opt_state, self.frozen, placed, self.reference
             )
@@ -515,7 +517,7 @@ class Trainer:
     def loss_and_grads(self, batch: PackedBatch):
         """((loss, metrics), gradients) of the step on `batch`, without an update (tests)."""
         placed = self.device_batch(batch)
-        with expert_mesh(self.mesh, rows_split=self.moe):
+        with expert_mesh(self.mesh, self._token_axes):
             return self._loss_and_grads_program(self.trainable, self.frozen, placed, self.reference)
 
     @functools.cached_property
@@ -547,14 +549,14 @@ class Trainer:
         """The train step lowered for `batch`'s shapes (`.compile().memory_analysis()`): a
         host batch, or an `abstract_batch`."""
         placed = batch if isinstance(batch, TrainBatch) else self.device_batch(batch)
-        with expert_mesh(self.mesh, rows_split=self.moe):
+        with expert_mesh(self.mesh, self._token_axes):
             return self._step.lower(
                 self.trainable, self.opt_state, self.frozen, placed, self.reference
             )
 
     def logprobs(self, batch: PackedBatch) -> np.ndarray:
         """The trainer's recomputation of this process's loss targets' log-probs [K]."""
-        with expert_mesh(self.mesh, rows_split=self.moe):
+        with expert_mesh(self.mesh, self._token_axes):
             values = self._logprobs(self.trainable, self.frozen, self.device_batch(batch))
         if values.is_fully_addressable:
             return np.asarray(values)
