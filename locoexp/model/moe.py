@@ -15,17 +15,19 @@ computes it over every MoE layer: E * sum_e f_e * P_e, with f_e the share of rou
 chose expert e (summing to k) and P_e the mean router probability of e, both over the real
 (non-padding) tokens of all layers. Blocks return `RouterStats` sums that add over layers.
 
-Expert parallelism: when the ambient mesh (`jax.set_mesh`, entered by the trainer and the engine
-around their programs, `expert_mesh`) has an `expert` axis of size ep > 1, the stacked [E, ...]
-weights arrive split along E over it (each device holds E/ep experts, laid out by the trainer
-and the engine), and `expert_outputs` runs under `jax.shard_map` manual over that axis only:
-each device takes every token its expert group sees (GSPMD all-gathers tokens that are split
-over `expert`, as the trainer's rows are), computes its own experts' share of every routed pair
-(the pairs routed elsewhere are sorted past its groups and weigh 0) and one all-reduce over
-`expert` sums the shares. The other mesh axes stay automatic (on TPU the weight gradient's
-kernel is mapped over them, `weight_gradient`). It is dropless, as the one-device
-path: no capacity factor, so the routed buffer per device is every pair of the expert group's
-tokens, [N_group*k, D] (the plan's `_routed_bytes`).
+Where tokens are routed: the trainer and the engine trace their programs under `expert_mesh`,
+which makes their mesh ambient and names the axes their tokens are split over (the trainer's:
+every axis; the engine's: its data-parallel replicas). `expert_outputs` is then one
+`jax.shard_map` over those axes in which each device (replica) routes, sorts and computes its
+own tokens (`_routed_per_device`); left to XLA, the global sort made every device route every
+token. Expert parallelism: with an `expert` axis of size ep > 1 the stacked [E, ...] weights
+arrive split along E over it (each device holds E/ep experts, laid out by the trainer and the
+engine) and each device computes its own experts' share of every routed pair of its expert
+group (the pairs routed elsewhere are sorted past its groups and weigh 0): the trainer's
+devices gather the group's tokens and reduce-scatter the shares back, the engine's (whose
+replica's devices hold the same slots) all-reduce them. It is dropless, as the one-device path:
+no capacity factor, so the routed buffer per device is every pair of the expert group's tokens,
+[N_group*k, D] (the plan's `_routed_bytes`).
 
 It owns routing and the expert math and the one axis name `expert`; where that axis lies and
 which arrays are split over it is the trainer's and the engine's (`is_expert_stack`); it knows
