@@ -1,12 +1,10 @@
 """Run in a subprocess by tests/test_moe_expert_parallel.py, with 4 CPU devices set before jax
 starts: one MoE layer's routed output (`moe.expert_outputs`) and its gradients with respect to
-the tokens, the routing weights and the expert stacks, on one device and under an (fsdp,
-expert) mesh at EP2 and EP4 with the trainer's layouts (tokens split over every device, the
-stacks along `expert`), and the same with each device routing its own tokens (the trainer's
-`expert_mesh(mesh, token_axes=<every axis>)`: FSDP alone, EP2 and EP4); and the TPU weight
-gradient's kernel (`moe.weight_gradient`, in Pallas' interpreter) on one device, split over a
-2 x 2 mesh. Writes them to an .npz file
-(argument 1)."""
+the tokens, the routing weights and the expert stacks, on one device and as the trainer runs it
+(`expert_mesh(mesh, <every axis>)`: tokens split over every device of an (fsdp[, expert]) mesh,
+each routing its own, the stacks along `expert`) at FSDP4, EP2 and EP4; and the TPU weight
+gradient's kernel (`moe.weight_gradient`, in Pallas' interpreter) on one device and split over a
+2 x 2 mesh. Writes them to an .npz file (argument 1)."""
 
 import os
 import sys
@@ -42,10 +40,10 @@ def loss(x, weights, gate, up, down, experts):
     return jnp.sum(out * jnp.cos(jnp.arange(D))), out
 
 
-def results(ep: int, rows_split: bool = False) -> dict[str, np.ndarray]:
+def results(ep: int, one_device: bool = False) -> dict[str, np.ndarray]:
     x, weights, gate, up, down, experts = inputs()
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
-    if ep == 1 and not rows_split:
+    if one_device:
         (_, out), grads = grad(x, weights, gate, up, down, experts)
     else:
         mesh = trainer_mesh(jax.devices(), ep)
@@ -53,7 +51,7 @@ def results(ep: int, rows_split: bool = False) -> dict[str, np.ndarray]:
         stacks = NamedSharding(mesh, PS(EXPERT) if ep > 1 else PS())
         placed = [jax.device_put(v, tokens) for v in (x, weights)]
         placed += [jax.device_put(v, stacks) for v in (gate, up, down)]
-        with expert_mesh(mesh, tuple(mesh.axis_names) if rows_split else ()):
+        with expert_mesh(mesh, tuple(mesh.axis_names)):
             (_, out), grads = grad(*placed, jax.device_put(experts, tokens))
     names = ("x", "weights", "gate", "up", "down")
     return {"out": np.asarray(out)} | {
@@ -79,8 +77,8 @@ def kernel_results() -> dict[str, np.ndarray]:
 
 
 def main(path: str) -> None:
-    out = {f"ep{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep).items()}
-    out |= {f"split{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep, True).items()}
+    out = {f"one/{k}": v for k, v in results(1, one_device=True).items()}
+    out |= {f"ep{ep}/{k}": v for ep in (1, 2, 4) for k, v in results(ep).items()}
     np.savez(path, **out, **kernel_results())
 
 

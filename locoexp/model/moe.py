@@ -66,12 +66,11 @@ def is_expert_stack(path: tuple) -> bool:
 
 
 def expert_mesh(mesh: Mesh, token_axes: tuple[str, ...] = ()) -> contextlib.AbstractContextManager:
-    """The context a program over `mesh` is traced in: `mesh` made ambient when it has an
-    expert axis (so `expert_outputs` finds it) or when `token_axes` name the axes the program's
-    tokens are split over (the trainer's: every axis; the engine's: its data-parallel replicas),
-    so that each device (or replica) routes its own tokens (`expert_outputs`); nothing
-    otherwise."""
-    if not (EXPERT in mesh.axis_names or token_axes):
+    """The context a program over `mesh` is traced in: with `token_axes`, the axes the
+    program's tokens are split over (the trainer's: every axis; the engine's: its data-parallel
+    replicas), `mesh` made ambient so that each device (or replica) routes its own tokens and
+    computes its experts' share (`expert_outputs`); nothing otherwise."""
+    if not token_axes:
         return contextlib.nullcontext()
     return _with_token_axes(mesh, tuple(token_axes))
 
@@ -90,11 +89,6 @@ def _with_token_axes(mesh: Mesh, token_axes: tuple[str, ...]):
 _TOKEN_AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "token_axes", default=()
 )
-
-
-def _expert_axis_size() -> int:
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty or EXPERT not in mesh.axis_names else mesh.shape[EXPERT]
 
 
 @jax.tree_util.register_dataclass
@@ -140,43 +134,15 @@ def expert_outputs(
 ) -> Array:
     """sum_j weights[n, j] * GLU_{experts[n, j]}(x[n]): x [N, D], experts and weights [N, k],
     gate and up [E, D, I], down [E, I, D] -> [N, D], one grouped matmul per projection; the
-    gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4). Under an ambient `expert` axis,
-    each device computes its E/ep experts' share and an all-reduce sums them."""
-    ep = _expert_axis_size()
+    gate's `activation` is SiLU (Qwen3-MoE) or GeLU (Gemma4). Under `expert_mesh`'s token
+    axes each device routes its own tokens (`_routed_per_device`); else one routing of all."""
     mesh = jax.sharding.get_abstract_mesh()
     token_axes = _TOKEN_AXES.get()
     if token_axes and not mesh.empty and mesh.size > 1:
         return _routed_per_device(
             x, experts, weights, gate, up, down, token_axes=token_axes, activation=activation
         )
-    if ep == 1:
-        return _local_outputs(x, experts, weights, gate, up, down, first=0, activation=activation)
-
-    def shard(x, experts, weights, gate, up, down):
-        # Declared varying over `expert` (each device uses them with its own experts): without
-        # it the transposed gather summed x's cotangent wrongly (jax 0.10.2, CPU; tests).
-        x, weights = (jax.lax.pcast(v, EXPERT, to="varying") for v in (x, weights))
-        first = jax.lax.axis_index(EXPERT) * gate.shape[0]
-        out = _local_outputs(
-            x,
-            experts,
-            weights,
-            gate,
-            up,
-            down,
-            first=first,
-            activation=activation,
-        )
-        return jax.lax.psum(out, EXPERT)
-
-    split = PS(EXPERT)
-    return jax.shard_map(
-        shard,
-        mesh=jax.sharding.get_abstract_mesh(),
-        in_specs=(PS(), PS(), PS(), split, split, split),
-        out_specs=PS(),
-        axis_names={EXPERT},
-    )(x, experts, weights, gate, up, down)
+    return _local_outputs(x, experts, weights, gate, up, down, first=0, activation=activation)
 
 
 def _routed_per_device(x, experts, weights, gate, up, down, *, token_axes, activation) -> Array:
